@@ -1,0 +1,17 @@
+"""jupyter-gpucr: suspend whole (GPU) processes and Jupyter kernels to disk, restore them later.
+
+For agent frameworks::
+
+    from jupyter_gpucr import Checkpointer
+    cr = Checkpointer()                                   # store in ~/.local/share/jupyter-gpucr
+    cr.run("worker", ["python", "agent.py"])              # start so it can be checkpointed
+    cr.checkpoint("worker")                               # process gone, GPU free
+    cr.restore("worker", gpu="auto")                      # back, on a GPU with room
+"""
+__version__ = "0.1.0"
+
+from .checkpointer import Checkpointer, Running  # noqa: E402
+from .errors import GPUCRError  # noqa: E402
+from .store import Checkpoint, Store  # noqa: E402
+
+__all__ = ["Checkpointer", "Checkpoint", "GPUCRError", "Running", "Store", "__version__"]

@@ -1,0 +1,431 @@
+"""Suspend and restore one process tree, GPU memory included; the core every front end uses.
+
+The rule every path keeps: when an operation fails, the user has either the running process
+or a complete checkpoint, never neither. Suspend puts the process back (GPU restored and
+unlocked, CRIU resumes it) on any failure before the checkpoint is complete; restore keeps
+the checkpoint on any failure.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from . import __version__, gpus
+from .checksums import digest_tree, find_mismatches
+from .engines import cuda
+from .engines.criu import Criu, explain_log
+from .errors import CheckpointDamagedError, EngineError, GPUCRError, IncompatibleCheckpointError, PreconditionError, StateError
+from .launcher import Started, start_holder
+from .locks import exclusive
+from .procs import in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
+from .store import Checkpoint, Store, dir_size
+
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(phase: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class Running:
+    """A process gpucr started or restored, and how to reach it."""
+
+    name: str
+    pid: int
+    ns_pid: int
+    started: Started | None
+    record: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Checkpointer:
+    """Start, checkpoint, restore, list and remove checkpointable processes in one store."""
+
+    def __init__(
+        self,
+        store: Store | str | Path | None = None,
+        criu_path: str | None = None,
+        keep_last: int = 1,
+        max_bytes: int | None = None,
+        lock_timeout_ms: int = 10_000,
+        check_space: bool = True,
+        verify: bool = True,
+    ) -> None:
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.criu_path = criu_path
+        self.keep_last = keep_last
+        self.max_bytes = max_bytes
+        self.lock_timeout_ms = lock_timeout_ms
+        self.check_space = check_space
+        self.verify = verify
+        self._criu: Criu | None = None
+
+    @property
+    def criu(self) -> Criu:
+        if self._criu is None:
+            self._criu = Criu(self.criu_path)
+        return self._criu
+
+    # -- start ---------------------------------------------------------------------------
+    def run(self, name: str, command: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
+            detach: bool = True) -> Running:
+        """Start ``command`` in its own namespaces, output to log files in the store."""
+        if not command:
+            raise StateError("No command given.", "Usage: gpucr run --name NAME -- CMD ARGS...")
+        d = self.store.proc_dir(name)
+        with exclusive(d, name, "start"):
+            self._refuse_if_running(name)
+            started = start_holder(
+                ["run", f"--stdout={d / 'stdout.log'}", f"--stderr={d / 'stderr.log'}",
+                 f"--cwd={cwd or os.getcwd()}", "--", *command],
+                d / ".status", env=env, detach=detach, log_path=d / "holder.log",
+            )
+            assert started is not None  # run mode reports failure by exiting
+            record = {
+                "name": name, "command": command, "cwd": cwd or os.getcwd(), "created": time.time(),
+                "state": "running", "pid": started.pid, "ns_pid": started.ns_pid, "checkpoint": None,
+                "uid": os.getuid(), "user": getpass.getuser(),
+            }
+            self.store.write_proc(name, record)
+        return Running(name, started.pid, started.ns_pid, started, record)
+
+    def _refuse_if_running(self, name: str) -> None:
+        try:
+            rec = self.store.read_proc(name)
+        except GPUCRError:
+            return
+        if rec.get("state") == "running" and is_alive(rec.get("pid")):
+            raise StateError(f"{name!r} is already running as PID {rec['pid']}.",
+                             f"Checkpoint it first ('gpucr checkpoint {name}') or pick another name.")
+
+    # -- resolve -------------------------------------------------------------------------
+    def resolve(self, target: str | int) -> tuple[str, dict[str, Any]]:
+        """A name, or the host PID of a gpucr process, or of any process (adopted as pid-N)."""
+        text = str(target)
+        if not text.isdigit():
+            return text, self.store.read_proc(text)
+        pid = int(text)
+        for name in self.store.proc_names():
+            rec = self.store.read_proc(name)
+            if rec.get("pid") == pid and rec.get("state") == "running":
+                return name, rec
+        if not is_alive(pid):
+            raise StateError(f"No process with PID {pid} is running.", "Run 'gpucr ls' to see what gpucr manages.")
+        proc = psutil.Process(pid)
+        name = f"pid-{pid}"
+        rec = {"name": name, "command": proc.cmdline(), "cwd": proc.cwd(), "created": proc.create_time(),
+               "state": "running", "pid": pid, "ns_pid": innermost_pid(pid), "checkpoint": None,
+               "uid": os.getuid(), "user": getpass.getuser(), "adopted": True}
+        self.store.write_proc(name, rec)
+        return name, rec
+
+    # -- checkpoint ----------------------------------------------------------------------
+    def checkpoint(self, target: str | int, leave_running: bool = False, reason: str = "manual",
+                   extra: dict[str, Any] | None = None, progress: Progress = _no_progress) -> Checkpoint:
+        """Write a verified checkpoint of the process; without ``leave_running`` it is gone
+        afterwards and its GPU memory is free."""
+        name, rec = self.resolve(target)
+        d = self.store.proc_dir(name)
+        with exclusive(d, name, "checkpoint"):
+            rec = self.store.read_proc(name)
+            pid = rec.get("pid")
+            if rec.get("state") != "running" or not is_alive(pid):
+                raise StateError(f"{name!r} is not running (state: {self._state(rec)}).",
+                                 f"Restore it with 'gpucr restore {name}'." if rec.get("checkpoint") else "")
+            return self._checkpoint_locked(name, rec, pid, leave_running, reason, extra or {}, progress)
+
+    def _checkpoint_locked(self, name: str, rec: dict[str, Any], pid: int, leave_running: bool, reason: str,
+                           extra: dict[str, Any], progress: Progress) -> Checkpoint:
+        t0 = time.perf_counter()
+        criu = self.criu
+        pids = tree(pid)
+        ns_pid = innermost_pid(pid) if in_own_pidns(pid) else pid
+        cuda_pids = [p for p in pids if cuda.uses_cuda(p)]
+        machine_gpus = gpus.list_gpus() if cuda_pids else []
+        used = gpus.gpus_of(pids, machine_gpus)
+        gpu_bytes = sum(u["memory_used"] for u in used)
+        estimate = tree_rss(pid) + gpu_bytes
+        self._check_resources(estimate, gpu_bytes)
+        cuda_ns_pids = [innermost_pid(p) for p in cuda_pids]
+        cid, tmp = self.store.new_checkpoint_dir(name)
+        timings: dict[str, float] = {}
+        locked: list[int] = []
+        try:
+            progress("gpu-checkpoint", 0, estimate)
+            for p in cuda_pids:
+                cuda.lock(p, self.lock_timeout_ms)
+                locked.append(p)
+            for p in cuda_pids:
+                cuda.checkpoint(p)
+            if cuda_pids:
+                timings["gpu_free"] = time.perf_counter() - t0
+            progress("dumping", 0, estimate)
+            with _DirProgress(tmp / "images", estimate, progress):
+                timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running)
+        except BaseException as e:
+            problems = cuda.put_back(locked)
+            self.store.discard(tmp)
+            if problems:
+                raise EngineError(f"{e} Putting the GPU state back also failed: {'; '.join(problems)}",
+                                  "The process may be stuck; check it with nvidia-smi.") from e
+            if isinstance(e, GPUCRError):
+                e.message += " The process was left running."
+            raise
+        if leave_running:
+            cuda.put_back(locked)
+        try:
+            progress("verifying", estimate, estimate)
+            t1 = time.perf_counter()
+            files = digest_tree(tmp / "images")
+            timings["checksum"] = time.perf_counter() - t1
+            timings["total"] = time.perf_counter() - t0
+            manifest = self._manifest(name, rec, pid, ns_pid, cuda_ns_pids, used, machine_gpus, files, reason, leave_running,
+                                      timings, extra)
+            ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
+        except BaseException as e:
+            if leave_running:
+                self.store.discard(tmp)
+                raise EngineError(f"Finishing the checkpoint failed: {e}. The process kept running.") from e
+            raise self._put_back_from(tmp, name, rec, e) from e
+        rec = {**rec, "checkpoint": cid}
+        if not leave_running:
+            wait_gone(pid, 10)
+            rec.update(state="checkpointed", pid=None, suspended_at=time.time())
+        self.store.write_proc(name, rec)
+        self.store.apply_retention(name, self.keep_last, self.max_bytes)
+        progress("done", estimate, estimate)
+        return ckpt
+
+    def _check_resources(self, estimate: int, gpu_bytes: int) -> None:
+        if not self.check_space:
+            return
+        free = self.store.free_bytes()
+        if free < estimate * 1.05 + (64 << 20):
+            raise PreconditionError(
+                f"Not enough disk for the checkpoint: about {estimate >> 20} MiB needed, "
+                f"{free >> 20} MiB free in {self.store.root}. The process was left running.",
+                "Free disk space or point the store elsewhere (GPUCR_STORE / --store).")
+        avail = psutil.virtual_memory().available
+        if gpu_bytes and avail < gpu_bytes:
+            raise PreconditionError(
+                f"Not enough host memory to stage {gpu_bytes >> 20} MiB of GPU memory ({avail >> 20} MiB available). "
+                "The process was left running.", "Free host memory and try again.")
+
+    def _manifest(self, name: str, rec: dict[str, Any], pid: int, ns_pid: int, cuda_ns_pids: list[int], used: list[dict[str, Any]],
+                  machine_gpus: list[gpus.Gpu], files: dict[str, Any], reason: str, leave_running: bool,
+                  timings: dict[str, float], extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **extra,
+            "name": name, "created": time.time(), "reason": reason, "engine": "criu",
+            "pid": pid, "ns_pid": ns_pid,
+            "command": rec.get("command"), "cwd": rec.get("cwd"),
+            "leave_running": leave_running,
+            "size": sum(f["size"] for f in files.values()), "files": files,
+            "criu": {"version": self.criu.version_string},
+            "gpu": {
+                "used": used, "all": [g.uuid for g in machine_gpus],
+                "cuda_ns_pids": cuda_ns_pids,
+                "driver_version": gpus.driver_version() if cuda_ns_pids else None,
+                "cuda_driver_version": gpus.cuda_driver_version() if cuda_ns_pids else None,
+            },
+            "host": {"hostname": platform.node(), "kernel": platform.release(), "python": platform.python_version(),
+                     "uid": os.getuid(), "user": getpass.getuser()},
+            "gpucr_version": __version__,
+            "timings": timings,
+        }
+
+    def _put_back_from(self, tmp: Path, name: str, rec: dict[str, Any], cause: BaseException) -> GPUCRError:
+        """The dump finished but the checkpoint could not be committed: restore from the
+        temporary images so the process is not lost; keep the images if even that fails."""
+        try:
+            started = self._spawn_restore(name, tmp / "images", tmp)
+        except GPUCRError as e:
+            return EngineError(f"Finishing the checkpoint failed ({cause}) and putting the process back failed "
+                               f"too ({e.message}).", f"The complete CRIU images are kept in {tmp}.")
+        self.store.write_proc(name, {**rec, "state": "running", "pid": started.pid, "ns_pid": started.ns_pid})
+        self.store.discard(tmp)
+        return EngineError(f"Finishing the checkpoint failed: {cause}. The process was put back and runs again.")
+
+    # -- restore -------------------------------------------------------------------------
+    def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
+                progress: Progress = _no_progress, detach: bool = True) -> Running:
+        """Bring the process back from its latest (or the given) checkpoint onto a fitting GPU."""
+        d = self.store.proc_dir(name)
+        with exclusive(d, name, "restore"):
+            rec = self.store.read_proc(name)
+            if rec.get("state") == "running" and is_alive(rec.get("pid")):
+                raise StateError(f"{name!r} is already running as PID {rec['pid']}.",
+                                 f"Checkpoint it first ('gpucr checkpoint {name}').")
+            ckpt = self.store.get(checkpoint_id) if checkpoint_id else self.store.latest(name)
+            if ckpt is None:
+                raise StateError(f"{name!r} has no checkpoint.", f"Create one with 'gpucr checkpoint {name}'.")
+            return self._restore_locked(name, rec, ckpt, gpu, progress, detach)
+
+    def _restore_locked(self, name: str, rec: dict[str, Any], ckpt: Checkpoint, gpu: str | int | None,
+                        progress: Progress, detach: bool) -> Running:
+        t0 = time.perf_counter()
+        self.check_compatible(ckpt)
+        gpu_info = ckpt.manifest.get("gpu", {})
+        used = gpu_info.get("used", [])
+        gpu_map = gpus.plan_placement(used, gpu_info.get("all", []), gpu, gpus.list_gpus()) if used else {}
+        if used:
+            need = sum(u["memory_used"] for u in used)
+            if psutil.virtual_memory().available < need:
+                raise PreconditionError(f"Not enough host memory to stage {need >> 20} MiB of GPU memory.",
+                                        "Free host memory and try again. The checkpoint is kept.")
+        if self.verify:
+            progress("verifying", 0, ckpt.size)
+            problems = find_mismatches(ckpt.images, ckpt.manifest["files"])
+            if problems:
+                raise CheckpointDamagedError(
+                    f"Checkpoint {ckpt.id} is damaged: {'; '.join(problems[:5])}.",
+                    f"It was kept at {ckpt.path} for inspection. Restore an older checkpoint or start fresh.")
+        timings = {"verify": time.perf_counter() - t0}
+        progress("restoring", 0, ckpt.size)
+        t1 = time.perf_counter()
+        started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach)
+        timings["criu_restore"] = time.perf_counter() - t1
+        if used:
+            progress("gpu-restore", 0, ckpt.size)
+            t2 = time.perf_counter()
+            self._restore_gpu(started, gpu_info.get("cuda_ns_pids", []), gpu_map)
+            timings["gpu_restore"] = time.perf_counter() - t2
+        timings["total"] = time.perf_counter() - t0
+        rec = {**rec, "state": "running", "pid": started.pid, "ns_pid": started.ns_pid, "restored_at": time.time(),
+               "restored_from": ckpt.id, "gpu_map": gpu_map}
+        self.store.write_proc(name, rec)
+        progress("done", ckpt.size, ckpt.size)
+        return Running(name, started.pid, started.ns_pid, started, rec, timings)
+
+    def check_compatible(self, ckpt: Checkpoint) -> None:
+        """Refuse checkpoints this machine cannot restore, before touching anything."""
+        m = ckpt.manifest
+        if m.get("engine") != "criu":
+            raise IncompatibleCheckpointError(f"Checkpoint {ckpt.id} was made by the {m.get('engine')} engine.",
+                                              "Restore it through the Jupyter server, which runs that engine.")
+        driver = m.get("gpu", {}).get("driver_version")
+        if driver and driver != gpus.driver_version():
+            raise IncompatibleCheckpointError(
+                f"Checkpoint {ckpt.id} holds GPU state from NVIDIA driver {driver}; this machine has "
+                f"{gpus.driver_version() or 'no NVIDIA driver'}.",
+                "Restore on a machine with the same driver, or use the snapshot engine. The checkpoint is kept.")
+
+    def _spawn_restore(self, name: str, images: Path, workdir: Path, detach: bool = True) -> Started:
+        d = self.store.proc_dir(name)
+        pidfile = d / ".restore.pid"
+        for attempt in range(2):
+            pidfile.unlink(missing_ok=True)
+            started = start_holder(["restore", f"--pidfile={pidfile}", "--",
+                                    *self.criu.restore_argv(images, workdir, pidfile)],
+                                   d / ".status", detach=detach, log_path=d / "holder.log")
+            if started is not None:
+                return started
+            failure = explain_log(workdir / "restore.log")
+            if attempt == 0 and _rewind_grown_log(failure.line, d):
+                continue
+            raise EngineError(f"CRIU could not restore {name!r}: {failure.line}",
+                              f"{failure.hint} The checkpoint is kept; you can retry.")
+        raise AssertionError("unreachable")
+
+    def _restore_gpu(self, started: Started, cuda_ns_pids: list[int], gpu_map: dict[str, str]) -> None:
+        from .procs import find_descendant_by_ns_pid
+
+        host_pids = [find_descendant_by_ns_pid(started.holder_pid, p) for p in cuda_ns_pids]
+        try:
+            for p in host_pids:
+                if p is None:
+                    raise EngineError("A restored CUDA process is missing.")
+                cuda.restore(p, gpu_map or None)
+            for p in host_pids:
+                cuda.unlock(p)
+        except GPUCRError as e:
+            os.kill(started.pid, signal.SIGKILL)
+            e.message += " The restored process was stopped; the checkpoint is kept."
+            raise
+
+    # -- listing and removal -------------------------------------------------------------
+    @staticmethod
+    def _state(rec: dict[str, Any]) -> str:
+        if rec.get("state") == "running" and not is_alive(rec.get("pid")):
+            return "exited"
+        return rec.get("state", "unknown")
+
+    def status(self, name: str) -> dict[str, Any]:
+        rec = self.store.read_proc(name)
+        latest = self.store.latest(name)
+        return {**rec, "state": self._state(rec), "checkpoints": [c.summary() for c in self.store.list_checkpoints(name)],
+                "latest": latest.summary() if latest else None}
+
+    def list(self) -> list[dict[str, Any]]:
+        return [self.status(n) for n in self.store.proc_names()]
+
+    def remove(self, target: str, kill: bool = False) -> list[str]:
+        """Remove a checkpoint id, or a name with all its checkpoints (a running one only with ``kill``)."""
+        if not (self.store.procs_root / target / "run.json").exists() and (self.store.checkpoints_root / target).exists():
+            self.store.delete(target)
+            return [target]
+        name, rec = target, self.store.read_proc(target)
+        d = self.store.proc_dir(name)
+        with exclusive(d, name, "remove"):
+            if self._state(rec) == "running":
+                if not kill:
+                    raise StateError(f"{name!r} is running as PID {rec['pid']}.",
+                                     "Checkpoint it first, or pass --kill to stop it and remove everything.")
+                os.kill(rec["pid"], signal.SIGKILL)
+                wait_gone(rec["pid"], 10)
+            removed = [c.id for c in self.store.list_checkpoints(name)]
+            for cid in removed:
+                self.store.delete(cid)
+        self.store.remove_proc(name)
+        return removed
+
+
+def _rewind_grown_log(line: str, proc_dir: Path) -> bool:
+    """A log the process writes grew after a --leave-running checkpoint: keep the newer output
+    beside it and cut the file back to the size CRIU recorded, so the restore can proceed."""
+    m = re.search(r"File (\S+) has bad size (\d+) \(expect (\d+)\)", line)
+    if not m:
+        return False
+    path = Path("/" + m.group(1).lstrip("/"))
+    if path.parent != proc_dir or not path.exists():
+        return False
+    expect = int(m.group(3))
+    with open(path, "rb") as src, open(f"{path}.{int(time.time())}", "wb") as dst:
+        dst.write(src.read())
+    os.truncate(path, expect)
+    return True
+
+
+class _DirProgress:
+    """Reports bytes written into a directory while CRIU dumps into it."""
+
+    def __init__(self, path: Path, total: int, progress: Progress) -> None:
+        self.path, self.total, self.progress = path, total, progress
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self.progress("dumping", dir_size(self.path), self.total)
+            except OSError:
+                pass
+
+    def __enter__(self) -> "_DirProgress":
+        if self.progress is not _no_progress:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()

@@ -1,0 +1,124 @@
+"""``gpucr`` / ``jupyter gpucr``: the checkpointer for any process, from a shell or a program.
+
+Human output by default, ``--json`` for programs; exit code 0 on success, 1 on a gpucr
+error (message and hint on stderr), 2 on bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from .checkpointer import Checkpointer
+from .doctor import report, run_checks
+from .errors import GPUCRError
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpucr", description="Checkpoint and restore whole (GPU) processes.")
+    p.add_argument("--store", help="checkpoint store directory (default $GPUCR_STORE or ~/.local/share/jupyter-gpucr)")
+    p.add_argument("--criu", help="path to the criu binary")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("doctor", help="what works on this machine, and how to fix what does not")
+    s = sub.add_parser("run", help="start a process so that it can be checkpointed later")
+    s.add_argument("--name", required=True)
+    s.add_argument("--cwd")
+    s.add_argument("command", nargs=argparse.REMAINDER)
+    s = sub.add_parser("checkpoint", help="checkpoint a process (by default it is gone afterwards, its GPU free)")
+    s.add_argument("target", help="NAME or PID")
+    s.add_argument("--leave-running", action="store_true")
+    s = sub.add_parser("restore", help="restore a process from its latest checkpoint")
+    s.add_argument("name")
+    s.add_argument("--gpu", default="auto", help="auto, a GPU index or a UUID")
+    s.add_argument("--checkpoint", help="a specific checkpoint id")
+    sub.add_parser("ls", help="list processes and checkpoints")
+    s = sub.add_parser("rm", help="remove a checkpoint id, or a name with all its checkpoints")
+    s.add_argument("target")
+    s.add_argument("--kill", action="store_true", help="also stop the process if it is running")
+    return p
+
+
+def _print_ls(items: list[dict[str, Any]]) -> None:
+    if not items:
+        print("Nothing here yet. Start a process with: gpucr run --name NAME -- CMD")
+        return
+    print(f"{'NAME':24} {'STATE':13} {'PID':>8} {'CHECKPOINT':40} {'SIZE':>10} CREATED")
+    for it in items:
+        latest = it.get("latest") or {}
+        print(f"{it['name']:24} {it['state']:13} {it.get('pid') or '-':>8} {latest.get('id', '-'):40} "
+              f"{_size(latest.get('size')):>10} {_when(latest.get('created'))}")
+
+
+def _execute(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.cmd == "doctor":
+        rep = report(run_checks(Checkpointer(args.store).store, args.criu))
+        lines = [f"{'OK' if c['ok'] else ('NO' if c['required'] else '--'):3} {c['name']:24} {c['detail']}"
+                 + (f"\n    fix: {c['fix']}" if c["fix"] and not c["ok"] else "") for c in rep["checks"]]
+        return rep, "\n".join(lines)
+    cr = Checkpointer(args.store, criu_path=args.criu)
+    if args.cmd == "run":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        r = cr.run(args.name, command, cwd=args.cwd)
+        return r.record, f"Started {r.name!r} as PID {r.pid}; logs in {cr.store.proc_dir(r.name)}"
+    if args.cmd == "checkpoint":
+        c = cr.checkpoint(args.target, leave_running=args.leave_running)
+        t = c.manifest["timings"]
+        gpu = f", GPU free after {t['gpu_free']:.2f} s" if "gpu_free" in t else ""
+        state = "left running" if args.leave_running else "stopped"
+        return c.summary() | {"timings": t}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "
+                                             f"process {state}.")
+    if args.cmd == "restore":
+        r = cr.restore(args.name, gpu=args.gpu, checkpoint_id=args.checkpoint)
+        where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""
+        return r.record | {"timings": r.timings}, f"Restored {r.name!r} as PID {r.pid}{where} in {r.timings['total']:.2f} s."
+    if args.cmd == "ls":
+        items = cr.list()
+        return items, items
+    if args.cmd == "rm":
+        removed = cr.remove(args.target, kill=args.kill)
+        return {"removed": removed}, f"Removed {args.target!r} ({len(removed)} checkpoint(s))."
+    raise AssertionError(args.cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        data, human = _execute(args)
+    except GPUCRError as e:
+        if args.json:
+            print(json.dumps(e.to_dict()))
+        else:
+            print(f"gpucr: {e.message}", file=sys.stderr)
+            if e.hint:
+                print(f"  {e.hint}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    elif args.cmd == "ls":
+        _print_ls(human)
+    else:
+        print(human)
+    if args.cmd == "doctor":
+        return 0 if data["ok"] else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""``gpucr doctor``: what works on this machine for checkpointing, and how to fix what does not."""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+
+from . import gpus
+from .engines import cuda
+from .engines.criu import Criu
+from .errors import GPUCRError
+from .store import Store
+
+CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE = 21, 19, 40
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def _effective_caps() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def _check_criu(criu_path: str | None) -> list[Check]:
+    try:
+        criu = Criu(criu_path)
+    except GPUCRError as e:
+        return [Check("criu", False, e.message, e.hint)]
+    ok, out = criu.check()
+    last = out.splitlines()[-1] if out else ""
+    return [
+        Check("criu", True, f"CRIU {criu.version_string} at {criu.path}"),
+        Check("criu check", ok, last, "" if ok else "Run 'criu check' as root and read its output."),
+    ]
+
+
+def _check_privileges() -> Check:
+    caps = _effective_caps()
+    if os.geteuid() == 0 and caps & (1 << CAP_SYS_ADMIN):
+        return Check("privileges", True, "root with CAP_SYS_ADMIN")
+    has = caps & (1 << CAP_CHECKPOINT_RESTORE) and caps & (1 << CAP_SYS_PTRACE)
+    return Check("privileges", bool(has), "CAP_CHECKPOINT_RESTORE + CAP_SYS_PTRACE" if has else "not root, no checkpoint capabilities",
+                 "" if has else "Run as root, or use the snapshot engine (no privileges needed).")
+
+
+def _check_gpu() -> list[Check]:
+    driver = gpus.driver_version()
+    if driver is None:
+        return [Check("nvidia driver", False, "no NVIDIA driver or GPU (NVML did not initialise)",
+                      "Only CPU processes can be checkpointed here.", required=False)]
+    major = int(driver.split(".")[0])
+    checks = [
+        Check("nvidia driver", True, f"driver {driver}"),
+        Check("checkpoint API (r570+)", major >= 570, f"driver {driver}", "" if major >= 570 else "Upgrade the driver to r570+."),
+        Check("GPU remap (r580+)", major >= 580, f"driver {driver}",
+              "" if major >= 580 else "Upgrade to r580+ to restore onto another GPU.", required=False),
+    ]
+    reason = cuda.unavailable_reason()
+    checks.append(Check("cuda-bindings", reason is None, reason or "driver checkpoint API reachable", reason or ""))
+    for g in gpus.list_gpus():
+        checks.append(Check(f"GPU {g.index}", True, f"{g.name} {g.uuid}, {g.memory_free >> 20} MiB free of {g.memory_total >> 20}",
+                            required=False))
+    try:
+        import pynvml
+
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        on = pynvml.nvmlDeviceGetPersistenceMode(h) == 1
+        checks.append(Check("persistence mode", on, "on" if on else "off",
+                            "" if on else "nvidia-smi -pm 1 keeps the driver loaded between processes.", required=False))
+    except Exception as e:
+        checks.append(Check("persistence mode", False, f"unknown: {e}", required=False))
+    return checks
+
+
+def run_checks(store: Store | None = None, criu_path: str | None = None) -> list[Check]:
+    store = store or Store()
+    checks = _check_criu(criu_path) + [_check_privileges()]
+    for tool in ("unshare", "nsenter"):
+        path = shutil.which(tool)
+        checks.append(Check(tool, bool(path), path or "missing", "" if path else "Install util-linux."))
+    checks += _check_gpu()
+    free = store.free_bytes()
+    checks.append(Check("store disk", free > 1 << 30, f"{free >> 30} GiB free in {store.root}",
+                        "" if free > 1 << 30 else "Free disk or set GPUCR_STORE to a larger disk."))
+    avail = psutil.virtual_memory().available
+    checks.append(Check("host memory", True, f"{avail >> 30} GiB available (GPU memory is staged here while suspending)"))
+    return checks
+
+
+def report(checks: list[Check]) -> dict[str, Any]:
+    return {"ok": all(c.ok for c in checks if c.required), "checks": [asdict(c) for c in checks]}

@@ -1,0 +1,68 @@
+"""Errors that tell the user what failed, why, and what to do about it.
+
+Every public operation raises a subclass of :class:`GPUCRError`; its ``hint`` is the
+"what you can do" half of the message, kept apart so the CLI, REST and UI can show it.
+"""
+from __future__ import annotations
+
+
+class GPUCRError(Exception):
+    """Base class: ``message`` says what happened, ``hint`` what the user can do."""
+
+    #: HTTP status the server extension answers with.
+    status = 500
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}".strip()
+
+    def to_dict(self) -> dict[str, str]:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+
+
+class InvalidNameError(GPUCRError):
+    status = 400
+
+
+class NotFoundError(GPUCRError):
+    status = 404
+
+
+class BusyError(GPUCRError):
+    """Another operation holds the process or checkpoint."""
+
+    status = 409
+
+
+class StateError(GPUCRError):
+    """The operation does not fit the current state (already running, not running...)."""
+
+    status = 409
+
+
+class PreconditionError(GPUCRError):
+    """A check before acting failed (disk, RAM, GPU memory, privileges); nothing was touched."""
+
+    status = 507
+
+
+class CheckpointDamagedError(GPUCRError):
+    """Checksums or manifest do not match; the checkpoint is kept for inspection."""
+
+    status = 422
+
+
+class IncompatibleCheckpointError(GPUCRError):
+    """The checkpoint was made on another driver, GPU model or engine version."""
+
+    status = 422
+
+
+class EngineError(GPUCRError):
+    """CRIU or the CUDA driver failed; the message carries the translated reason."""
+
+    status = 500

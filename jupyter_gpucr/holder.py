@@ -1,0 +1,132 @@
+"""PID 1 of a checkpointable process's own PID namespace.
+
+Every process gpucr manages runs (or is restored) as a child of this small init, started by
+``unshare --pid --fork --mount-proc``. That gives three things the host cannot:
+the process's PIDs are private, so a restore never collides with host PIDs; the init reaps
+what it launched (the host's PID 1 here does not); and CRIU can later be run inside the
+same namespaces (``nsenter``), so neither namespace needs dumping.
+
+Modes: ``run`` launches a command; ``restore`` runs ``criu restore`` and adopts the result.
+The outcome is written as JSON to ``--status`` for the launcher.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+# Workload PIDs start above this, so CRIU and its helpers (low PIDs in a fresh namespace)
+# never take a PID the restored tree needs.
+FIRST_WORKLOAD_PID = 1000
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _write_status(path: str, status: dict) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(status, f)
+    os.replace(tmp, path)
+
+
+def _reserve_low_pids() -> None:
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(FIRST_WORKLOAD_PID))
+
+
+def _open_stdio(stdout: str, stderr: str) -> None:
+    """Give the child stdio opened inside this mount namespace, so CRIU can resolve them."""
+    null = os.open("/dev/null", os.O_RDONLY)
+    out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = out if stderr == stdout else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for src, dst in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(src, dst)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            _open_stdio(args.stdout, args.stderr)
+            os.closerange(3, 65536)
+            if args.cwd:
+                os.chdir(args.cwd)
+            for sig in _FORWARDED:
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvp(args.command[0], args.command)
+        except BaseException as e:  # report exec failures through stderr (the log file)
+            print(f"gpucr: cannot start {args.command!r}: {e}", file=sys.stderr)
+        os._exit(127)
+    return pid
+
+
+def _criu_restore(args: argparse.Namespace) -> int | None:
+    pid = os.fork()
+    if pid == 0:
+        os.closerange(3, 65536)
+        os.execvp(args.command[0], args.command)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return None
+    with open(args.pidfile) as f:
+        return int(f.read().strip())
+
+
+def _reap_until_empty(main: int) -> int:
+    """Reap every child (adopted orphans too); exit with the main process's status."""
+    code = 0
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return code
+        except InterruptedError:
+            continue
+        if pid == main:
+            code = os.waitstatus_to_exitcode(status)
+            code = 128 - code if code < 0 else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpucr-holder")
+    parser.add_argument("mode", choices=["run", "restore"])
+    parser.add_argument("--status", required=True)
+    parser.add_argument("--stdout", default="/dev/null")
+    parser.add_argument("--stderr", default="/dev/null")
+    parser.add_argument("--cwd")
+    parser.add_argument("--pidfile")
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.command = argv[split + 1:]
+
+    os.setsid()
+    main_pid = 0
+
+    def forward(signum: int, _frame: object) -> None:
+        if main_pid:
+            try:
+                os.kill(main_pid, signum)
+            except ProcessLookupError:
+                pass
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    if args.mode == "run":
+        _reserve_low_pids()
+        main_pid = _launch(args)
+    else:
+        restored = _criu_restore(args)
+        if restored is None:
+            _write_status(args.status, {"ok": False})
+            return 1
+        main_pid = restored
+    _write_status(args.status, {"ok": True, "ns_pid": main_pid})
+    return _reap_until_empty(main_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Process-tree and PID-namespace facts read from /proc (via psutil where it has them)."""
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+
+def pidns_of(pid: int | str = "self") -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def in_own_pidns(pid: int) -> bool:
+    """True when ``pid`` lives in a PID namespace other than ours (a gpucr holder's)."""
+    return pidns_of(pid) != pidns_of()
+
+
+def ns_pids(pid: int) -> list[int]:
+    """The PID of ``pid`` in each nested namespace, outermost first (/proc/PID/status NSpid)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    return [pid]
+
+
+def innermost_pid(pid: int) -> int:
+    return ns_pids(pid)[-1]
+
+
+def is_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
+    proc = psutil.Process(pid)
+    return [pid] + [c.pid for c in proc.children(recursive=True)]
+
+
+def tree_rss(pid: int) -> int:
+    total = 0
+    for p in tree(pid):
+        try:
+            total += psutil.Process(p).memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def find_descendant_by_ns_pid(root: int, ns_pid: int) -> int | None:
+    """Host PID of the descendant of ``root`` whose innermost PID is ``ns_pid``."""
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return None
+    for child in children:
+        try:
+            if innermost_pid(child.pid) == ns_pid and child.status() != psutil.STATUS_ZOMBIE:
+                return child.pid
+        except (OSError, psutil.Error):
+            continue
+    return None
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not is_alive(pid):
+            return True
+        time.sleep(0.02)
+    return not is_alive(pid)
