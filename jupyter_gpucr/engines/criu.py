@@ -36,6 +36,8 @@ _HINTS: list[tuple[str, str]] = [
     (r"Operation not permitted|Permission denied", "CRIU needs root or CAP_CHECKPOINT_RESTORE + CAP_SYS_PTRACE. Run 'gpucr doctor'."),
     (r"/dev/nvidia", "The process still holds GPU device files: a child process using CUDA (e.g. a DataLoader worker) cannot be checkpointed by the driver."),
     (r"unix.*(external|peer)|Can't dump.*unix", "The process has a UNIX socket connected to a process outside its tree."),
+    (r"Address already in use", "A TCP port the process listened on is in use by another process, or held in TIME_WAIT "
+     "and the socket lacks SO_REUSEADDR: stop the other process or retry in a minute."),
     (r"Connected TCP socket", "The process has a TCP connection CRIU was not told to keep."),
 ]
 
@@ -62,8 +64,9 @@ def explain_log(log: Path) -> CriuFailure:
 
 def find_criu(explicit: str | None = None) -> str | None:
     """CRIU from the config, $GPUCR_CRIU, beside this Python (the venv's bundle), or PATH."""
-    candidates = [explicit, os.environ.get("GPUCR_CRIU"), str(Path(sys.executable).parent / "criu")]
-    for cand in candidates:
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    for cand in (os.environ.get("GPUCR_CRIU"), str(Path(sys.executable).parent / "criu")):
         if cand and os.access(cand, os.X_OK):
             return cand
     return shutil.which("criu") or (os.access("/usr/sbin/criu", os.X_OK) and "/usr/sbin/criu") or None

@@ -1,0 +1,200 @@
+"""The core engine end to end with a real CRIU: an agent-like process is started with
+``gpucr run``, checkpointed, restored, and must prove its state survived."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jupyter_gpucr import Checkpointer
+from jupyter_gpucr.errors import BusyError, CheckpointDamagedError, EngineError, PreconditionError
+from jupyter_gpucr.locks import exclusive
+
+from .conftest import agent_command, ask, wait_for_line
+
+
+def gpucr(store: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli", "--store", str(store), *args],
+                          capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"gpucr {args} failed: {proc.stdout}{proc.stderr}")
+    return proc
+
+
+def start_agent(store: Path, name: str, tmp_path: Path, mb: int = 300) -> tuple[dict, Path]:
+    env_file = tmp_path / f"{name}.counts"
+    os.environ["AGENT_FILE"] = str(env_file)
+    gpucr(store, "run", "--name", name, "--", *agent_command("cpu_agent.py", str(mb)))
+    hello = wait_for_line(store / "procs" / name / "stdout.log")
+    return hello, env_file
+
+
+def read_counts(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()]
+
+
+def test_agent_survives_checkpoint_and_restore(criu_path, store_dir, tmp_path):
+    hello, counts = start_agent(store_dir, "agent", tmp_path)
+    before = ask(hello["port"])
+    assert before["checksum"] == hello["checksum"]
+    pid = json.loads(gpucr(store_dir, "--json", "ls").stdout)[0]["pid"]
+
+    out = gpucr(store_dir, "--json", "checkpoint", "agent")
+    ckpt = json.loads(out.stdout)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert ckpt["size"] > 300 << 20
+    counter_at_checkpoint = read_counts(counts)[-1]
+    time.sleep(0.5)
+    assert read_counts(counts)[-1] == counter_at_checkpoint, "the process kept running after the checkpoint"
+
+    restored = json.loads(gpucr(store_dir, "--json", "restore", "agent").stdout)
+    assert restored["state"] == "running" and restored["pid"] != pid
+    after = ask(hello["port"])  # the listening socket works again
+    assert after["checksum"] == before["checksum"]
+    assert after["pid"] == before["pid"], "the process sees the same PID inside its namespace"
+    assert after["counter"] >= counter_at_checkpoint
+    time.sleep(0.5)
+    seen = read_counts(counts)
+    assert seen == list(range(1, len(seen) + 1)), "the counter file must continue without gaps or repeats"
+    assert seen[-1] > counter_at_checkpoint
+    gpucr(store_dir, "rm", "--kill", "agent")
+
+
+def test_restore_while_original_pid_is_taken(criu_path, store_dir, tmp_path):
+    hello, _ = start_agent(store_dir, "pidclash", tmp_path, mb=50)
+    cr = Checkpointer(store_dir)
+    pid = cr.status("pidclash")["pid"]
+    cr.checkpoint("pidclash")
+    assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE if psutil.pid_exists(pid) else True
+    squatter = _occupy_pid(pid)
+    try:
+        assert psutil.pid_exists(pid), "the original PID must be occupied during the restore"
+        running = cr.restore("pidclash")
+        assert running.pid != pid
+        assert ask(hello["port"])["checksum"] == hello["checksum"]
+    finally:
+        squatter.kill()
+        cr.remove("pidclash", kill=True)
+
+
+def _occupy_pid(pid: int) -> subprocess.Popen:
+    """Start a process with exactly ``pid`` (ns_last_pid) unless some zombie already holds it."""
+    if psutil.pid_exists(pid):
+        return subprocess.Popen(["sleep", "60"])
+    for _ in range(50):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "60"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    pytest.fail(f"could not occupy PID {pid}")
+
+
+def test_damaged_checkpoint_is_refused_and_kept(criu_path, store_dir, tmp_path):
+    start_agent(store_dir, "damaged", tmp_path, mb=20)
+    cr = Checkpointer(store_dir)
+    ckpt = cr.checkpoint("damaged")
+    pages = max(ckpt.images.glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    with open(pages, "r+b") as f:
+        f.seek(pages.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    res = gpucr(store_dir, "restore", "damaged", check=False)
+    assert res.returncode == 1
+    assert "is damaged" in res.stderr and "checksum mismatch" in res.stderr and "kept" in res.stderr
+    assert ckpt.path.is_dir() and pages.exists()
+    assert cr.status("damaged")["state"] == "checkpointed"
+    with pytest.raises(CheckpointDamagedError):
+        cr.restore("damaged")
+    cr.remove("damaged")
+
+
+@pytest.fixture
+def tiny_store(tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mnt)], check=True)
+    yield mnt / "store"
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_dump_that_cannot_complete_leaves_process_running(criu_path, tiny_store, tmp_path):
+    hello, counts = start_agent(tiny_store, "big", tmp_path, mb=100)
+    pid = Checkpointer(tiny_store).status("big")["pid"]
+    # The check before acting refuses at once ...
+    res = gpucr(tiny_store, "checkpoint", "big", check=False)
+    assert res.returncode == 1 and "Not enough disk" in res.stderr and "left running" in res.stderr
+    # ... and without that check, CRIU runs out of space mid-dump and the process is resumed.
+    cr = Checkpointer(tiny_store, check_space=False)
+    with pytest.raises(EngineError) as err:
+        cr.checkpoint("big")
+    assert "left running" in str(err.value) and "disk is full" in str(err.value)
+    assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    n = read_counts(counts)[-1]
+    assert ask(hello["port"])["checksum"] == hello["checksum"]
+    time.sleep(0.3)
+    assert read_counts(counts)[-1] > n, "the process must keep running"
+    assert not list((tiny_store / "checkpoints").iterdir()), "no partial checkpoint may remain"
+    cr.remove("big", kill=True)
+
+
+def test_second_operation_on_same_process_is_busy(criu_path, store_dir, tmp_path):
+    start_agent(store_dir, "busy", tmp_path, mb=10)
+    cr = Checkpointer(store_dir)
+    with exclusive(cr.store.proc_dir("busy"), "busy", "checkpoint"):
+        res = gpucr(store_dir, "checkpoint", "busy", check=False)
+    assert res.returncode == 1 and "is busy: checkpoint (pid" in res.stderr
+    with pytest.raises(BusyError):
+        with exclusive(cr.store.proc_dir("busy"), "busy", "checkpoint"):
+            cr.checkpoint("busy")
+    cr.remove("busy", kill=True)
+
+
+def test_store_is_private_and_retention_applies(criu_path, store_dir, tmp_path):
+    hello, _ = start_agent(store_dir, "keep", tmp_path, mb=10)
+    cr = Checkpointer(store_dir, keep_last=2)
+    ids = [cr.checkpoint("keep", leave_running=True).id for _ in range(3)]
+    assert [c.id for c in cr.store.list_checkpoints("keep")] == ids[1:]
+    ckpt = cr.store.latest("keep")
+    for p in [cr.store.root, *ckpt.path.rglob("*")]:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode == (0o700 if p.is_dir() else 0o600), f"{p} has mode {oct(mode)}"
+    manifest = ckpt.manifest
+    assert manifest["engine"] == "criu" and manifest["criu"]["version"].startswith("4.")
+    assert all(len(f["xxh3_128"]) == 32 for f in manifest["files"].values())
+    assert ask(hello["port"])["checksum"] == hello["checksum"], "--leave-running keeps the process"
+    cr.remove("keep", kill=True)
+
+
+@pytest.mark.parametrize("bad", ["../etc", "a/b", "..", ".hidden", ""])
+def test_bad_names_are_refused(store_dir, bad):
+    res = gpucr(store_dir, "restore", bad, check=False)
+    assert res.returncode == 1 and "Invalid name" in res.stderr
+    assert not (store_dir.parent / "etc").exists()
+
+
+def test_doctor_reports_criu(criu_path, store_dir):
+    rep = json.loads(gpucr(store_dir, "--json", "doctor", check=False).stdout)
+    checks = {c["name"]: c for c in rep["checks"]}
+    assert checks["criu"]["ok"] and "CRIU 4." in checks["criu"]["detail"]
+    assert checks["criu check"]["ok"]
+    assert "nvidia driver" in checks
+
+
+def test_missing_criu_is_a_clear_error(store_dir, tmp_path):
+    hello, _ = start_agent(store_dir, "nocriu", tmp_path, mb=10)
+    res = gpucr(store_dir, "--criu", str(tmp_path / "missing-criu"), "checkpoint", "nocriu", check=False)
+    assert res.returncode == 1
+    assert "CRIU is not installed" in res.stderr and "install-criu.sh" in res.stderr
+    assert ask(hello["port"])["checksum"] == hello["checksum"]
+    Checkpointer(store_dir).remove("nocriu", kill=True)
