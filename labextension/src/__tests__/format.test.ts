@@ -1,0 +1,150 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+
+import {
+  basename,
+  formatBytes,
+  formatDuration,
+  formatProgress,
+  formatSince,
+  parseTime,
+  phaseLabel,
+  progressPercent,
+  truncate
+} from '../format';
+
+describe('formatBytes', () => {
+  it('formats small and large sizes with binary units', () => {
+    assert.equal(formatBytes(0), '0 B');
+    assert.equal(formatBytes(512), '512 B');
+    assert.equal(formatBytes(1023), '1023 B');
+    assert.equal(formatBytes(1024), '1.0 KiB');
+    assert.equal(formatBytes(1536), '1.5 KiB');
+    assert.equal(formatBytes(123456789), '118 MiB');
+    assert.equal(formatBytes(6170000000), '5.7 GiB');
+    assert.equal(formatBytes(150 * 1024 ** 3), '150 GiB');
+    assert.equal(formatBytes(2 * 1024 ** 4), '2.0 TiB');
+  });
+  it('never shows 1024 of a unit', () => {
+    assert.equal(formatBytes(1024 * 1024 - 1), '1.0 MiB');
+    assert.equal(formatBytes(1024 ** 3 - 10), '1.0 GiB');
+  });
+  it('says ? for unknown values', () => {
+    assert.equal(formatBytes(null), '?');
+    assert.equal(formatBytes(undefined), '?');
+    assert.equal(formatBytes(-1), '?');
+    assert.equal(formatBytes(NaN), '?');
+    assert.equal(formatBytes(Infinity), '?');
+  });
+});
+
+describe('formatDuration', () => {
+  it('uses the two largest units', () => {
+    assert.equal(formatDuration(0), '0 s');
+    assert.equal(formatDuration(45.7), '45 s');
+    assert.equal(formatDuration(60), '1 min');
+    assert.equal(formatDuration(200), '3 min 20 s');
+    assert.equal(formatDuration(15 * 60 + 5), '15 min');
+    assert.equal(formatDuration(3600), '1 h');
+    assert.equal(formatDuration(2 * 3600 + 5 * 60), '2 h 5 min');
+    assert.equal(formatDuration(3 * 86400 + 4 * 3600 + 59), '3 d 4 h');
+    assert.equal(formatDuration(2 * 86400), '2 d');
+  });
+  it('says ? for invalid durations', () => {
+    assert.equal(formatDuration(-5), '?');
+    assert.equal(formatDuration(NaN), '?');
+  });
+});
+
+describe('formatSince', () => {
+  const now = new Date('2026-11-30T18:10:00Z');
+  it('is relative to now', () => {
+    assert.equal(formatSince('2026-11-30T18:09:55Z', now), 'just now');
+    assert.equal(formatSince('2026-11-30T18:05:00Z', now), '5 min ago');
+    assert.equal(formatSince('2026-11-30T16:00:00Z', now), '2 h 10 min ago');
+  });
+  it('treats clock skew as just now and unknown as empty', () => {
+    assert.equal(formatSince('2026-11-30T18:10:30Z', now), 'just now');
+    assert.equal(formatSince(null, now), '');
+    assert.equal(formatSince('not a date', now), '');
+  });
+  it('parses ISO times', () => {
+    assert.equal(
+      parseTime('2026-11-30T18:00:00Z')?.toISOString(),
+      '2026-11-30T18:00:00.000Z'
+    );
+    assert.equal(parseTime(''), null);
+  });
+});
+
+describe('progress', () => {
+  it('computes a bounded percentage', () => {
+    assert.equal(
+      progressPercent({
+        phase: 'dumping',
+        bytes_done: 1000,
+        bytes_total: 5000
+      }),
+      20
+    );
+    assert.equal(
+      progressPercent({
+        phase: 'dumping',
+        bytes_done: 9000,
+        bytes_total: 5000
+      }),
+      100
+    );
+    assert.equal(
+      progressPercent({ phase: 'dumping', bytes_done: 5, bytes_total: 0 }),
+      null
+    );
+    assert.equal(
+      progressPercent({ phase: 'dumping', bytes_done: 5, bytes_total: null }),
+      null
+    );
+    assert.equal(progressPercent(null), null);
+  });
+  it('labels phases', () => {
+    assert.equal(phaseLabel('gpu-checkpoint'), 'saving GPU memory');
+    assert.equal(phaseLabel('dumping'), 'writing image');
+    assert.equal(phaseLabel('some-new-phase'), 'some new phase');
+    assert.equal(phaseLabel(null), '');
+  });
+  it('formats progress text', () => {
+    assert.equal(
+      formatProgress({
+        phase: 'dumping',
+        bytes_done: 1024 ** 3,
+        bytes_total: 4 * 1024 ** 3
+      }),
+      'writing image 1.0 GiB / 4.0 GiB (25%)'
+    );
+    assert.equal(
+      formatProgress({ phase: 'dumping', bytes_done: 2048, bytes_total: null }),
+      'writing image 2.0 KiB'
+    );
+    assert.equal(
+      formatProgress({
+        phase: 'verifying',
+        bytes_done: null,
+        bytes_total: null
+      }),
+      'verifying'
+    );
+    assert.equal(formatProgress(null), '');
+  });
+});
+
+describe('text helpers', () => {
+  it('truncates with an ellipsis', () => {
+    assert.equal(truncate('short', 10), 'short');
+    assert.equal(truncate('a long sentence here', 10), 'a long se…');
+  });
+  it('takes the base name of paths', () => {
+    assert.equal(basename('work/a/Untitled.ipynb'), 'Untitled.ipynb');
+    assert.equal(basename('Untitled.ipynb'), 'Untitled.ipynb');
+    assert.equal(basename('dir/'), 'dir');
+    assert.equal(basename(null), '');
+  });
+});

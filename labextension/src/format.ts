@@ -1,0 +1,171 @@
+/**
+ * Formatting helpers: bytes, durations, relative times and progress.
+ *
+ * Pure functions, unit-tested in src/__tests__/format.test.ts.
+ */
+import type { IProgress } from './types';
+
+const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+
+/**
+ * Format a byte count with binary units: `0 B`, `512 B`, `1.5 KiB`,
+ * `5.7 GiB`, `118 GiB`. One decimal below 10 units, none above.
+ * `null`, `undefined`, negative or non-finite values give `?`.
+ */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !isFinite(bytes) || bytes < 0) {
+    return '?';
+  }
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < UNITS.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  if (unit === 0) {
+    return `${Math.round(value)} B`;
+  }
+  // 1023.96 KiB would round to "1024 KiB": move up one unit instead.
+  if (Math.round(value) >= 1024 && unit < UNITS.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  const text = value < 9.95 ? value.toFixed(1) : Math.round(value).toString();
+  return `${text} ${UNITS[unit]}`;
+}
+
+/**
+ * Format a duration in seconds, with the two largest units:
+ * `0 s`, `45 s`, `3 min`, `3 min 20 s` (under 10 min), `2 h 5 min`, `3 d 4 h`.
+ */
+export function formatDuration(seconds: number): string {
+  if (!isFinite(seconds) || seconds < 0) {
+    return '?';
+  }
+  const s = Math.floor(seconds);
+  if (s < 60) {
+    return `${s} s`;
+  }
+  const minutes = Math.floor(s / 60);
+  if (minutes < 60) {
+    const rest = s % 60;
+    return minutes < 10 && rest ? `${minutes} min ${rest} s` : `${minutes} min`;
+  }
+  const hours = Math.floor(minutes / 60);
+  if (hours < 24) {
+    const rest = minutes % 60;
+    return rest ? `${hours} h ${rest} min` : `${hours} h`;
+  }
+  const days = Math.floor(hours / 24);
+  const rest = hours % 24;
+  return rest ? `${days} d ${rest} h` : `${days} d`;
+}
+
+/** Parse an ISO 8601 time; `null` for missing or invalid input. */
+export function parseTime(iso: string | null | undefined): Date | null {
+  if (!iso) {
+    return null;
+  }
+  const date = new Date(iso);
+  return isNaN(date.getTime()) ? null : date;
+}
+
+/**
+ * How long ago `iso` was, relative to `now`: `just now`, `5 min ago`,
+ * `2 h 5 min ago`; `''` when the time is unknown. Times slightly in the
+ * future (clock skew between browser and server) read `just now`.
+ */
+export function formatSince(
+  iso: string | null | undefined,
+  now: Date = new Date()
+): string {
+  const date = parseTime(iso);
+  if (!date) {
+    return '';
+  }
+  const seconds = (now.getTime() - date.getTime()) / 1000;
+  if (seconds < 10) {
+    return 'just now';
+  }
+  return `${formatDuration(seconds)} ago`;
+}
+
+/** A local date and time for tooltips and the side panel, `''` if unknown. */
+export function formatDate(iso: string | null | undefined): string {
+  const date = parseTime(iso);
+  return date ? date.toLocaleString() : '';
+}
+
+/** Percentage done, 0 to 100, or `null` when the total is unknown. */
+export function progressPercent(
+  progress: IProgress | null | undefined
+): number | null {
+  if (!progress || !progress.bytes_total || progress.bytes_total <= 0) {
+    return null;
+  }
+  const done = Math.max(0, progress.bytes_done ?? 0);
+  return Math.min(100, Math.floor((100 * done) / progress.bytes_total));
+}
+
+const PHASE_LABELS: { [phase: string]: string } = {
+  trimming: 'freeing memory',
+  'gpu-checkpoint': 'saving GPU memory',
+  dumping: 'writing image',
+  verifying: 'verifying',
+  done: 'done',
+  restoring: 'reading image',
+  'gpu-restore': 'restoring GPU memory',
+  failed: 'failed'
+};
+
+/** A human label for a progress phase; unknown phases are shown as sent. */
+export function phaseLabel(phase: string | null | undefined): string {
+  if (!phase) {
+    return '';
+  }
+  return PHASE_LABELS[phase] ?? phase.replace(/-/g, ' ');
+}
+
+/**
+ * Progress as text: `writing image 1.2 GiB / 5.0 GiB (24%)`,
+ * `writing image 1.2 GiB` without a total, `verifying` without bytes.
+ */
+export function formatProgress(progress: IProgress | null | undefined): string {
+  if (!progress) {
+    return '';
+  }
+  const parts: string[] = [];
+  const label = phaseLabel(progress.phase);
+  if (label) {
+    parts.push(label);
+  }
+  const done = progress.bytes_done;
+  const total = progress.bytes_total;
+  if (typeof done === 'number' && done >= 0) {
+    if (typeof total === 'number' && total > 0) {
+      parts.push(
+        `${formatBytes(done)} / ${formatBytes(total)} (${progressPercent(progress)}%)`
+      );
+    } else if (done > 0) {
+      parts.push(formatBytes(done));
+    }
+  }
+  return parts.join(' ');
+}
+
+/** Shorten `text` to at most `max` characters with an ellipsis. */
+export function truncate(text: string, max: number): string {
+  if (text.length <= max) {
+    return text;
+  }
+  return text.slice(0, Math.max(0, max - 1)).trimEnd() + '…';
+}
+
+/** The last component of a path: `a/b/c.ipynb` -> `c.ipynb`. */
+export function basename(path: string | null | undefined): string {
+  if (!path) {
+    return '';
+  }
+  const parts = path.split('/').filter(p => p.length > 0);
+  return parts.length ? parts[parts.length - 1] : path;
+}

@@ -1,0 +1,647 @@
+/**
+ * The model: REST calls to the gpucr server extension and the client-side
+ * store of kernel states, checkpoints and GPUs that the views render.
+ *
+ * Views never call the server themselves; they read this model and listen to
+ * its signals.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import type { IDisposable } from '@lumino/disposable';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { isTransient, mergeEvent, stateChanged } from './state';
+import {
+  ICheckpoint,
+  IDoctorReport,
+  IGpu,
+  IKernelState,
+  IKernelStateEvent,
+  KERNEL_STATE_SCHEMA
+} from './types';
+
+export * from './types';
+
+/** The URL prefix of the REST API, relative to the server's base URL. */
+export const API_PREFIX = 'api/gpucr';
+
+/** An error answer of the REST API, with its HTTP status. */
+export class GpucrRequestError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly reason: string | null = null
+  ) {
+    super(message);
+    this.name = 'GpucrRequestError';
+  }
+}
+
+/**
+ * Call the gpucr REST API.
+ *
+ * @param endPoint path under `/api/gpucr/`, already URL-encoded
+ * @param init request options (method, body)
+ * @param settings server connection settings (token, XSRF, base URL)
+ * @returns the decoded JSON answer, `undefined` for 204
+ * @throws GpucrRequestError with the server's message on an HTTP error
+ */
+export async function requestAPI<T>(
+  endPoint = '',
+  init: RequestInit = {},
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, API_PREFIX, endPoint);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ServerConnection.NetworkError(error as TypeError);
+  }
+  if (response.status === 204) {
+    return undefined as T;
+  }
+  const text = await response.text();
+  let data: any = text;
+  if (text.length > 0) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      // Not JSON (e.g. tornado's HTML 404 page): keep the text.
+    }
+  }
+  if (!response.ok) {
+    let message =
+      (data && typeof data === 'object' && (data.message || data.reason)) || '';
+    if (!message) {
+      message =
+        response.status === 404 && typeof data === 'string'
+          ? 'Not found (is the jupyter_gpucr server extension enabled?)'
+          : response.statusText || `HTTP ${response.status}`;
+    }
+    throw new GpucrRequestError(
+      String(message),
+      response.status,
+      data && typeof data === 'object' && data.reason
+        ? String(data.reason)
+        : null
+    );
+  }
+  return data as T;
+}
+
+function id(value: string): string {
+  return encodeURIComponent(value);
+}
+
+/** Thin typed client of the REST API (docs/rest-api.md). */
+export class GpucrClient {
+  constructor(
+    readonly serverSettings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  ) {}
+
+  listKernels(): Promise<IKernelState[]> {
+    return requestAPI<IKernelState[]>('kernels', {}, this.serverSettings);
+  }
+
+  getKernel(kernelId: string): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}`,
+      {},
+      this.serverSettings
+    );
+  }
+
+  suspend(kernelId: string, engine?: string): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}/suspend`,
+      { method: 'POST', body: JSON.stringify(engine ? { engine } : {}) },
+      this.serverSettings
+    );
+  }
+
+  resume(kernelId: string, gpu?: string | number): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}/resume`,
+      {
+        method: 'POST',
+        body: JSON.stringify(gpu !== undefined ? { gpu: String(gpu) } : {})
+      },
+      this.serverSettings
+    );
+  }
+
+  listCheckpoints(): Promise<ICheckpoint[]> {
+    return requestAPI<ICheckpoint[]>('checkpoints', {}, this.serverSettings);
+  }
+
+  deleteCheckpoint(checkpointId: string): Promise<void> {
+    return requestAPI<void>(
+      `checkpoints/${id(checkpointId)}`,
+      { method: 'DELETE' },
+      this.serverSettings
+    );
+  }
+
+  listGpus(): Promise<IGpu[]> {
+    return requestAPI<IGpu[]>('gpus', {}, this.serverSettings);
+  }
+
+  doctor(): Promise<IDoctorReport> {
+    return requestAPI<IDoctorReport>('doctor', {}, this.serverSettings);
+  }
+}
+
+/** A change of one kernel's state in the model. */
+export interface IKernelTransition {
+  kernelId: string;
+  previous: IKernelState | undefined;
+  current: IKernelState | undefined;
+}
+
+/** How long a local "restoring" guess survives polls that still say "suspended". */
+const RESTORE_GRACE_MS = 15000;
+/** Poll interval while an operation is in flight. */
+const FAST_POLL_MS = 1000;
+
+/**
+ * The client-side store: kernel states (polled for the kernels the UI shows
+ * and updated from the event bus), checkpoints and GPUs (polled while the
+ * side panel is visible).
+ */
+export class GpucrModel implements IDisposable {
+  constructor(options: GpucrModel.IOptions = {}) {
+    this.client = options.client ?? new GpucrClient(options.serverSettings);
+    this._pollInterval = options.pollInterval ?? 3000;
+  }
+
+  /** The REST client. */
+  readonly client: GpucrClient;
+
+  /** Emitted when one kernel's state changes, from any source. */
+  get kernelChanged(): ISignal<this, IKernelTransition> {
+    return this._kernelChanged;
+  }
+
+  /** Emitted when anything in the model changes. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** `false` once the server answered that the gpucr API does not exist. */
+  get available(): boolean | null {
+    return this._available;
+  }
+
+  /** Known kernel states by kernel id. */
+  get kernels(): ReadonlyMap<string, IKernelState> {
+    return this._kernels;
+  }
+
+  getKernel(kernelId: string | null | undefined): IKernelState | undefined {
+    return kernelId ? this._kernels.get(kernelId) : undefined;
+  }
+
+  get checkpoints(): ReadonlyArray<ICheckpoint> {
+    return this._checkpoints;
+  }
+
+  get gpus(): ReadonlyArray<IGpu> {
+    return this._gpus;
+  }
+
+  get doctor(): IDoctorReport | null {
+    return this._doctor;
+  }
+
+  /** The error of the last list refresh, if it failed. */
+  get listError(): string | null {
+    return this._listError;
+  }
+
+  /** Whether the lists were fetched at least once. */
+  get listsLoaded(): boolean {
+    return this._listsLoaded;
+  }
+
+  /** Poll interval in milliseconds. */
+  get pollInterval(): number {
+    return this._pollInterval;
+  }
+  set pollInterval(value: number) {
+    this._pollInterval = Math.max(500, value);
+    this._schedule();
+  }
+
+  get isDisposed(): boolean {
+    return this._isDisposed;
+  }
+
+  /** Whether an operation started from this browser is in flight. */
+  isBusy(kernelId: string): boolean {
+    return this._inflight.has(kernelId);
+  }
+
+  /** Set the kernels to poll (the current notebook's, for the status bar). */
+  watchKernels(kernelIds: Iterable<string>): void {
+    const next = new Set(kernelIds);
+    const added = [...next].filter(k => !this._watched.has(k));
+    this._watched = next;
+    for (const k of added) {
+      void this.refreshKernel(k);
+    }
+    this._schedule();
+  }
+
+  /** Poll the checkpoint and GPU lists (while the side panel is visible). */
+  setListsActive(active: boolean): void {
+    if (active === this._listsActive) {
+      return;
+    }
+    this._listsActive = active;
+    if (active) {
+      void this.refreshLists();
+    }
+    this._schedule();
+  }
+
+  /** Fetch one kernel's state now. */
+  async refreshKernel(kernelId: string): Promise<IKernelState | undefined> {
+    try {
+      const state = await this.client.getKernel(kernelId);
+      this._available = true;
+      this._applyPolled(kernelId, state);
+    } catch (error) {
+      if (error instanceof GpucrRequestError && error.status === 404) {
+        this._setState(kernelId, undefined);
+      }
+      // Network errors: keep the last known state.
+    }
+    return this._kernels.get(kernelId);
+  }
+
+  /** Fetch kernels, checkpoints and GPUs now. */
+  async refreshLists(): Promise<void> {
+    const [kernels, checkpoints, gpus] = await Promise.allSettled([
+      this.client.listKernels(),
+      this.client.listCheckpoints(),
+      this.client.listGpus()
+    ]);
+    const errors: string[] = [];
+    if (kernels.status === 'fulfilled' && Array.isArray(kernels.value)) {
+      this._available = true;
+      const seen = new Set<string>();
+      for (const state of kernels.value) {
+        seen.add(state.kernel_id);
+        this._applyPolled(state.kernel_id, state);
+      }
+      for (const kernelId of [...this._kernels.keys()]) {
+        if (!seen.has(kernelId) && !this._inflight.has(kernelId)) {
+          this._setState(kernelId, undefined);
+        }
+      }
+    } else if (kernels.status === 'rejected') {
+      errors.push(String((kernels.reason as Error).message ?? kernels.reason));
+      if (
+        kernels.reason instanceof GpucrRequestError &&
+        kernels.reason.status === 404
+      ) {
+        this._available = false;
+      }
+    }
+    if (
+      checkpoints.status === 'fulfilled' &&
+      Array.isArray(checkpoints.value)
+    ) {
+      this._checkpoints = [...checkpoints.value].sort((a, b) =>
+        (b.created ?? '').localeCompare(a.created ?? '')
+      );
+    } else if (checkpoints.status === 'rejected') {
+      errors.push(String((checkpoints.reason as Error).message));
+    }
+    if (gpus.status === 'fulfilled' && Array.isArray(gpus.value)) {
+      this._gpus = gpus.value;
+    } else if (gpus.status === 'rejected') {
+      errors.push(String((gpus.reason as Error).message));
+    }
+    const listError = errors.length ? [...new Set(errors)].join('; ') : null;
+    this._listError = listError;
+    this._listsLoaded = true;
+    this._changed.emit();
+  }
+
+  /** Fetch the doctor report (what works on the server machine). */
+  async refreshDoctor(): Promise<IDoctorReport | null> {
+    try {
+      this._doctor = await this.client.doctor();
+    } catch (error) {
+      this._doctor = {
+        ok: false,
+        checks: [
+          {
+            name: 'gpucr API',
+            ok: false,
+            detail: (error as Error).message,
+            fix: 'Check that the jupyter_gpucr server extension is enabled: jupyter server extension list'
+          }
+        ]
+      };
+    }
+    this._changed.emit();
+    return this._doctor;
+  }
+
+  /**
+   * Suspend a kernel to disk. Resolves with the final state once the
+   * checkpoint is complete; rejects with the server's message if it failed
+   * (the kernel keeps running and its state carries the error).
+   */
+  async suspend(kernelId: string, engine?: string): Promise<IKernelState> {
+    if (this._inflight.has(kernelId)) {
+      throw new Error('An operation on this kernel is already in progress.');
+    }
+    this._inflight.set(kernelId, 'suspend');
+    const previous = this._kernels.get(kernelId);
+    this._setState(kernelId, {
+      ...(previous ?? Private.emptyState(kernelId)),
+      state: 'suspending',
+      progress: null,
+      error: null
+    });
+    this._schedule();
+    try {
+      const state = await this.client.suspend(kernelId, engine);
+      this._inflight.delete(kernelId);
+      this._setState(kernelId, Private.normalize(kernelId, state));
+      return this._kernels.get(kernelId)!;
+    } catch (error) {
+      this._inflight.delete(kernelId);
+      await this._afterFailure(kernelId, 'running', error as Error);
+      throw error;
+    } finally {
+      this._afterOperation();
+    }
+  }
+
+  /** Resume a suspended kernel (the server picks a GPU unless `gpu` is given). */
+  async resume(kernelId: string, gpu?: string | number): Promise<IKernelState> {
+    if (this._inflight.has(kernelId)) {
+      throw new Error('An operation on this kernel is already in progress.');
+    }
+    this._inflight.set(kernelId, 'resume');
+    const previous = this._kernels.get(kernelId);
+    this._setState(kernelId, {
+      ...(previous ?? Private.emptyState(kernelId)),
+      state: 'restoring',
+      progress: null,
+      error: null
+    });
+    this._schedule();
+    try {
+      const state = await this.client.resume(kernelId, gpu);
+      this._inflight.delete(kernelId);
+      this._setState(kernelId, Private.normalize(kernelId, state));
+      return this._kernels.get(kernelId)!;
+    } catch (error) {
+      this._inflight.delete(kernelId);
+      await this._afterFailure(kernelId, 'suspended', error as Error);
+      throw error;
+    } finally {
+      this._afterOperation();
+    }
+  }
+
+  /** Delete a checkpoint and refresh the lists. */
+  async deleteCheckpoint(checkpointId: string): Promise<void> {
+    await this.client.deleteCheckpoint(checkpointId);
+    this._checkpoints = this._checkpoints.filter(c => c.id !== checkpointId);
+    this._changed.emit();
+    await this.refreshLists();
+  }
+
+  /**
+   * The transparent path: the user ran a cell in (or reconnected to) a
+   * suspended kernel, so the server is restoring it. Show "restoring" right
+   * away, poll fast, and do not let a poll that raced the server undo it.
+   */
+  markRestoring(kernelId: string): void {
+    const current = this._kernels.get(kernelId);
+    if (!current || current.state !== 'suspended') {
+      return;
+    }
+    this._restoreGuess.set(kernelId, Date.now() + RESTORE_GRACE_MS);
+    this._setState(kernelId, {
+      ...current,
+      state: 'restoring',
+      progress: null,
+      error: null
+    });
+    this._schedule();
+  }
+
+  /**
+   * Apply an event of the server's event bus. Other schemas are ignored.
+   * Returns whether the event was for gpucr.
+   */
+  applyEvent(event: { schema_id?: string; [key: string]: any }): boolean {
+    if (event.schema_id !== KERNEL_STATE_SCHEMA) {
+      return false;
+    }
+    const data = event as IKernelStateEvent;
+    if (typeof data.kernel_id !== 'string' || typeof data.state !== 'string') {
+      return true;
+    }
+    this._available = true;
+    this._restoreGuess.delete(data.kernel_id);
+    const previous = this._kernels.get(data.kernel_id);
+    this._setState(data.kernel_id, mergeEvent(previous, data));
+    if (!isTransient(data.state)) {
+      // The event carries no size/GPU: fetch the full state.
+      void this.refreshKernel(data.kernel_id);
+      if (this._listsActive) {
+        void this.refreshLists();
+      }
+    }
+    this._schedule();
+    return true;
+  }
+
+  dispose(): void {
+    if (this._isDisposed) {
+      return;
+    }
+    this._isDisposed = true;
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+      this._timer = null;
+    }
+    Signal.clearData(this);
+  }
+
+  private _applyPolled(kernelId: string, state: IKernelState): void {
+    const normalized = Private.normalize(kernelId, state);
+    const op = this._inflight.get(kernelId);
+    if (op && !isTransient(normalized.state)) {
+      // The POST in flight decides the final state; a poll that raced it
+      // (still "running" before the server marked it "suspending") must not
+      // flip the status bar back and forth.
+      return;
+    }
+    const guess = this._restoreGuess.get(kernelId);
+    if (guess !== undefined) {
+      if (
+        normalized.state === 'suspended' &&
+        !normalized.error &&
+        Date.now() < guess
+      ) {
+        return;
+      }
+      this._restoreGuess.delete(kernelId);
+    }
+    this._setState(kernelId, normalized);
+  }
+
+  private async _afterFailure(
+    kernelId: string,
+    fallback: 'running' | 'suspended',
+    error: Error
+  ): Promise<void> {
+    let state: IKernelState | undefined;
+    try {
+      state = Private.normalize(
+        kernelId,
+        await this.client.getKernel(kernelId)
+      );
+    } catch {
+      state = undefined;
+    }
+    const previous = this._kernels.get(kernelId);
+    const base = state ?? {
+      ...(previous ?? Private.emptyState(kernelId)),
+      state: fallback,
+      progress: null
+    };
+    if (!base.error && !isTransient(base.state)) {
+      base.error = error.message || String(error);
+    }
+    this._setState(kernelId, base);
+  }
+
+  private _afterOperation(): void {
+    this._schedule();
+    if (this._listsActive) {
+      void this.refreshLists();
+    }
+  }
+
+  private _setState(kernelId: string, next: IKernelState | undefined): void {
+    const previous = this._kernels.get(kernelId);
+    if (!stateChanged(previous, next)) {
+      return;
+    }
+    if (next) {
+      this._kernels.set(kernelId, next);
+    } else {
+      this._kernels.delete(kernelId);
+    }
+    this._kernelChanged.emit({ kernelId, previous, current: next });
+    this._changed.emit();
+  }
+
+  /** (Re)arm the poll timer: fast while an operation runs, else pollInterval. */
+  private _schedule(): void {
+    if (this._isDisposed) {
+      return;
+    }
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+      this._timer = null;
+    }
+    const transient = [...this._kernels.values()].some(k =>
+      isTransient(k.state)
+    );
+    if (!this._watched.size && !this._listsActive && !transient) {
+      return;
+    }
+    const delay = transient ? FAST_POLL_MS : this._pollInterval;
+    this._timer = setTimeout(() => {
+      this._timer = null;
+      void this._tick().finally(() => this._schedule());
+    }, delay);
+  }
+
+  private async _tick(): Promise<void> {
+    if (typeof document !== 'undefined' && document.hidden) {
+      return;
+    }
+    const ids = new Set(this._watched);
+    for (const [kernelId, state] of this._kernels) {
+      if (isTransient(state.state)) {
+        ids.add(kernelId);
+      }
+    }
+    const jobs: Promise<unknown>[] = [...ids].map(k => this.refreshKernel(k));
+    if (this._listsActive) {
+      jobs.push(this.refreshLists());
+    }
+    await Promise.allSettled(jobs);
+  }
+
+  private _available: boolean | null = null;
+  private _kernels = new Map<string, IKernelState>();
+  private _checkpoints: ICheckpoint[] = [];
+  private _gpus: IGpu[] = [];
+  private _doctor: IDoctorReport | null = null;
+  private _listError: string | null = null;
+  private _listsLoaded = false;
+  private _listsActive = false;
+  private _watched = new Set<string>();
+  private _inflight = new Map<string, 'suspend' | 'resume'>();
+  private _restoreGuess = new Map<string, number>();
+  private _pollInterval: number;
+  private _timer: ReturnType<typeof setTimeout> | null = null;
+  private _isDisposed = false;
+  private _kernelChanged = new Signal<this, IKernelTransition>(this);
+  private _changed = new Signal<this, void>(this);
+}
+
+export namespace GpucrModel {
+  export interface IOptions {
+    client?: GpucrClient;
+    serverSettings?: ServerConnection.ISettings;
+    /** Poll interval in milliseconds. */
+    pollInterval?: number;
+  }
+}
+
+namespace Private {
+  export function emptyState(kernelId: string): IKernelState {
+    return {
+      kernel_id: kernelId,
+      state: 'running',
+      engine: null,
+      checkpoint: null,
+      gpu: null,
+      progress: null,
+      suspended_at: null,
+      error: null
+    };
+  }
+
+  /** Fill in the optional fields so that states compare reliably. */
+  export function normalize(
+    kernelId: string,
+    state: IKernelState
+  ): IKernelState {
+    return {
+      kernel_id: state.kernel_id ?? kernelId,
+      state: state.state,
+      engine: state.engine ?? null,
+      checkpoint: state.checkpoint ?? null,
+      gpu: state.gpu ?? null,
+      progress: state.progress ?? null,
+      suspended_at: state.suspended_at ?? null,
+      error: state.error ?? null
+    };
+  }
+}
