@@ -15,3 +15,10 @@ from .errors import GPUCRError  # noqa: E402
 from .store import Checkpoint, Store  # noqa: E402
 
 __all__ = ["Checkpointer", "Checkpoint", "GPUCRError", "Running", "Store", "__version__"]
+
+
+
+def _jupyter_server_extension_points() -> list[dict[str, object]]:
+    from .app import GPUCRApp
+
+    return [{"module": "jupyter_gpucr.app", "app": GPUCRApp}]

@@ -1,0 +1,60 @@
+"""Every option of the server extension, as traits: ``c.GPUCR.<name>`` in jupyter_server_config.py."""
+from __future__ import annotations
+
+from traitlets import Bool, Enum, Float, Integer, Unicode
+from traitlets.config import Configurable
+
+
+class GPUCR(Configurable):
+    """Suspend Jupyter kernels to disk and restore them on demand."""
+
+    store = Unicode(
+        "", config=True,
+        help="Checkpoint store directory. Empty: $GPUCR_STORE, else ~/.local/share/jupyter-gpucr.",
+    )
+    engine = Enum(
+        ["auto", "criu", "snapshot"], default_value="auto", config=True,
+        help="How kernels are suspended: 'criu' (whole process, GPU memory included), 'snapshot' "
+        "(the kernel saves its own namespace; no privileges needed) or 'auto' (criu when it can run).",
+    )
+    gpu_placement = Unicode(
+        "auto", config=True,
+        help="Where restored kernels go: 'auto' (same GPU model with enough free memory, the "
+        "original GPU first), or a GPU index or UUID.",
+    )
+    suspend_on_cull = Bool(
+        True, config=True,
+        help="When jupyter_server's culler (MappingKernelManager.cull_idle_timeout) finds an idle "
+        "kernel, suspend it to disk instead of shutting it down.",
+    )
+    idle_timeout = Integer(
+        0, config=True,
+        help="Suspend kernels idle for this many seconds (0: off). A kernelspec's metadata "
+        "'gpucr_idle_timeout' overrides it for that kernel type.",
+    )
+    idle_check_interval = Integer(30, config=True, help="Seconds between idle checks.")
+    suspend_busy = Bool(False, config=True, help="Also suspend idle-timed-out kernels that are busy.")
+    suspend_connected = Bool(
+        True, config=True,
+        help="Also suspend idle kernels that have open connections (a notebook tab left open).",
+    )
+    keep_last = Integer(1, config=True, help="Checkpoints kept per kernel (older ones are deleted).")
+    max_store_bytes = Integer(0, config=True, help="Delete the oldest checkpoints past this many bytes (0: no limit).")
+    suspend_on_stop = Bool(
+        True, config=True,
+        help="On server stop (SIGTERM, e.g. JupyterHub culling the server), suspend every kernel "
+        "before exiting; they are listed again and restored on the next start with the same store.",
+    )
+    stop_budget = Float(300.0, config=True, help="Seconds allowed for suspending all kernels on server stop.")
+    criu_path = Unicode("", config=True, help="Path of the criu binary (empty: search).")
+    lock_timeout_ms = Integer(10_000, config=True, help="How long the CUDA driver may wait for running GPU work to finish before the lock fails.")
+    trim_before_suspend = Bool(
+        True, config=True,
+        help="Ask the kernel (gpucr_hooks) to collect garbage and release cached allocator memory before "
+        "suspending, so the image holds live data only.",
+    )
+    checkpointable_kernels = Bool(
+        True, config=True,
+        help="Launch kernels through the gpucr provisioner (own PID namespace, own log files) so that "
+        "CRIU can suspend them. Off: only the snapshot engine is available.",
+    )

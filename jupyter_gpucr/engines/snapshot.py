@@ -1,0 +1,110 @@
+"""Server side of the snapshot engine: run the ``gpucr_hooks`` functions inside a kernel.
+
+Each call sends one silent execute request (no history, no execution count, no output in
+the notebook): its code runs the hook, so a failure comes back with the kernel's full
+traceback; a user expression then returns the hook's result as JSON. The kernel imports
+``gpucr_hooks`` on first use without binding any name in the user's namespace.
+
+Use a client dedicated to this work (e.g. ``kernel_manager.client()`` with its channels
+started): replies to other requests read on the same client's shell channel are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["SnapshotError", "load", "notify_restored", "prepare_suspend", "save"]
+
+_POLL_S = 1.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RESULT = "__import__('gpucr_hooks')._rpc.reply()"
+
+
+class SnapshotError(Exception):
+    """A hook failed in the kernel, the kernel died, or it did not answer in time.
+
+    ``kernel_traceback`` holds the kernel's traceback as plain text ("" if there is none).
+    """
+
+    def __init__(self, message: str, kernel_traceback: str = "") -> None:
+        super().__init__(message)
+        self.kernel_traceback = kernel_traceback
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return f"{message}\n{self.kernel_traceback}" if self.kernel_traceback else message
+
+
+async def save(client: Any, path: str | os.PathLike[str], timeout: float | None = None) -> dict[str, Any]:
+    """Save the kernel's namespace to the new directory ``path`` (see ``gpucr_hooks.snapshot_save``).
+
+    ``path`` is made absolute here, so it means the same in the server and the kernel.
+    """
+    return await _call(client, "snapshot_save", {"path": os.path.abspath(path)}, timeout)
+
+
+async def load(client: Any, path: str | os.PathLike[str], device: str | Mapping[str, str] | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
+    """Load a snapshot into a fresh kernel; ``device`` maps saved GPUs (``"cuda:1"``, ``"cpu"``)."""
+    if isinstance(device, Mapping):
+        device = dict(device)
+    return await _call(client, "snapshot_load", {"path": os.path.abspath(path), "device": device}, timeout)
+
+
+async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[str, Any]:
+    """Collect garbage and release allocator caches in the kernel; returns its memory report."""
+    return await _call(client, "prepare_suspend", {}, timeout)
+
+
+async def notify_restored(client: Any, info: Mapping[str, Any], timeout: float | None = 60.0) -> None:
+    """Have the kernel tell the user, in their next cell, that it was restored (``info`` as in
+    ``gpucr_hooks.after_restore``: suspended_at, gpu, engine, lost)."""
+    await _call(client, "after_restore", {"info": dict(info)}, timeout)
+
+
+async def _call(client: Any, hook: str, arguments: dict[str, Any], timeout: float | None) -> Any:
+    code = f"__import__('gpucr_hooks')._rpc.run({hook!r}, {json.dumps(arguments)!r})"
+    msg_id = client.execute(code, silent=True, store_history=False, user_expressions={"result": _RESULT},
+                            allow_stdin=False, stop_on_error=False)
+    content = (await _reply(client, msg_id, hook, timeout))["content"]
+    if content.get("status") != "ok":
+        raise _kernel_error(hook, content)
+    result = content.get("user_expressions", {}).get("result", {})
+    if result.get("status") != "ok":
+        raise _kernel_error(hook, result)
+    return json.loads(result["data"]["text/plain"])
+
+
+async def _reply(client: Any, msg_id: str, hook: str, timeout: float | None) -> dict[str, Any]:
+    """The shell reply to ``msg_id``; checks that the kernel is alive while waiting."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+        if wait <= 0:
+            raise SnapshotError(f"gpucr {hook}: the kernel did not answer within {timeout:g} s "
+                                "(it may be busy running a cell; the request is still queued)")
+        try:
+            msg = await client.get_shell_msg(timeout=wait)
+        except queue.Empty:
+            if not await client.is_alive():
+                raise SnapshotError(f"gpucr {hook}: the kernel died") from None
+            continue
+        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+            return msg
+
+
+def _kernel_error(hook: str, content: Mapping[str, Any]) -> SnapshotError:
+    if content.get("status") == "aborted":
+        return SnapshotError(f"gpucr {hook}: the kernel aborted the request")
+    ename, evalue = content.get("ename", "Error"), content.get("evalue", "")
+    traceback = _ANSI.sub("", "\n".join(content.get("traceback") or []))
+    if ename == "ModuleNotFoundError" and "gpucr_hooks" in evalue:
+        return SnapshotError(f"gpucr {hook}: gpucr_hooks is not importable in the kernel; install "
+                             "jupyter-gpucr into the kernel's Python environment", traceback)
+    return SnapshotError(f"gpucr {hook} failed in the kernel: {ename}: {evalue}", traceback)
