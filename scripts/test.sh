@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set everything up (idempotent) and run the whole test suite: Python tests (real jupyter
+# servers, kernels and CRIU) and the JupyterLab UI tests in Debian's chromium.
+# pytest's exit code 5 ("no tests collected") counts as a failure here: the suite must run.
+set -uo pipefail
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT"
+bash scripts/setup.sh || exit 1
+rc=0
+.venv/bin/python -m pytest tests -p no:cacheprovider -q "$@" || rc=$?
+if [ "$rc" -eq 5 ]; then
+    echo "test: pytest collected no tests; that is a failure" >&2
+fi
+if [ -x ui-tests/run.sh ] && [ -z "${GPUCR_SKIP_UI:-}" ]; then
+    ui_rc=0
+    bash ui-tests/run.sh || ui_rc=$?
+    [ "$rc" -ne 0 ] || rc=$ui_rc
+fi
+exit "$rc"
