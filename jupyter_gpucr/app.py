@@ -24,8 +24,8 @@ class GPUCRApp(ExtensionApp):
         """Install the kernel manager and websocket classes before the server creates them."""
         super()._link_jupyter_server_extension(serverapp)
         options = GPUCR(parent=serverapp)
-        if not issubclass(serverapp.kernel_manager_class, GPUCRMappingKernelManager):
-            serverapp.kernel_manager_class = GPUCRMappingKernelManager
+        # Set, never read: reading the trait's default needs parts of the server not made yet.
+        serverapp.kernel_manager_class = GPUCRMappingKernelManager
         serverapp.kernel_websocket_connection_class = RestoringWebsocketConnection
         if options.checkpointable_kernels:
             serverapp.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER

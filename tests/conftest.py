@@ -14,6 +14,8 @@ from jupyter_gpucr.engines.criu import find_criu
 
 AGENTS = Path(__file__).parent / "agents"
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
 
 def criu_or_skip() -> str:
     """CRIU must exist in CI (the setup installs it); elsewhere tests skip with the reason."""

@@ -1,0 +1,57 @@
+"""Talk to a kernel through the server's websocket, as JupyterLab does (legacy JSON protocol)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session
+
+_session = Session(key=b"")
+
+
+def request(code: str, msg_type: str = "execute_request") -> dict[str, Any]:
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+               "allow_stdin": False, "stop_on_error": True} if msg_type == "execute_request" else {}
+    msg = _session.msg(msg_type, content)
+    msg["channel"] = "shell"
+    return msg
+
+
+async def send(ws: Any, msg: dict[str, Any]) -> None:
+    await ws.write_message(json.dumps(msg, default=json_default))
+
+
+async def collect(ws: Any, msg_id: str, timeout: float = 120) -> tuple[dict[str, Any], str, list[str]]:
+    """Read until the reply to ``msg_id`` and its idle status; return (reply, stdout, statuses)."""
+    reply, out, statuses, idle = None, [], [], False
+    async def loop() -> None:
+        nonlocal reply, idle
+        while reply is None or not idle:
+            raw = await ws.read_message()
+            if raw is None:
+                raise ConnectionError("websocket closed")
+            msg = json.loads(raw)
+            parent = msg.get("parent_header", {}).get("msg_id")
+            kind = msg["header"]["msg_type"]
+            if kind == "status":
+                statuses.append(msg["content"]["execution_state"])
+            if parent != msg_id:
+                continue
+            if kind == "stream":
+                out.append(msg["content"]["text"])
+            elif kind == "error":
+                out.append("\n".join(msg["content"]["traceback"]))
+            elif kind.endswith("_reply"):
+                reply = msg
+            elif kind == "status" and msg["content"]["execution_state"] == "idle":
+                idle = True
+    await asyncio.wait_for(loop(), timeout)
+    return reply, "".join(out), statuses
+
+
+async def execute(ws: Any, code: str, timeout: float = 120) -> tuple[dict[str, Any], str, list[str]]:
+    msg = request(code)
+    await send(ws, msg)
+    return await collect(ws, msg["header"]["msg_id"], timeout)

@@ -1,0 +1,166 @@
+"""The server extension end to end: a real jupyter server (pytest-jupyter), real ipykernels,
+real CRIU. What a user checks: the kernel comes back with its variables, under the same id."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import psutil
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from .conftest import criu_or_skip
+from .kernel_ws import collect, execute, request, send
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    criu_or_skip()
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpucr": True}},
+        "GPUCR": {"store": str(tmp_path / "gpucr-store")},
+    }
+
+
+async def fetch_json(jp_fetch, *parts, method="GET", body=None):
+    kwargs = {"method": method}
+    if body is not None:
+        kwargs["body"] = json.dumps(body)
+    resp = await jp_fetch(*parts, **kwargs)
+    return json.loads(resp.body) if resp.body else None
+
+
+async def new_session(jp_fetch, path="work.ipynb"):
+    return await fetch_json(jp_fetch, "api", "sessions", method="POST",
+                            body={"path": path, "type": "notebook", "name": path, "kernel": {"name": "python3"}})
+
+
+async def open_ws(jp_ws_fetch, kernel_id, session_id="test-session"):
+    return await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": session_id})
+
+
+def kernel_pid(jp_serverapp, kernel_id):
+    return jp_serverapp.kernel_manager.get_kernel(kernel_id).provisioner.kernel_pid
+
+
+STATE_CODE = "x = 42\nimport numpy as np, os\na = np.arange(20_000_000, dtype=np.int64)\nprint(int(a.sum()))"
+
+
+async def test_suspend_then_websocket_restores_with_state(jp_fetch, jp_ws_fetch, jp_serverapp):
+    session = await new_session(jp_fetch)
+    kid = session["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    reply, out, _ = await execute(ws, STATE_CODE)
+    assert reply["content"]["status"] == "ok"
+    checksum = out.strip()
+    ws.close()
+    pid = kernel_pid(jp_serverapp, kid)
+    assert psutil.pid_exists(pid)
+
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert st["state"] == "suspended" and st["checkpoint"]["size"] > 100 << 20
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert kid in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
+    assert (await fetch_json(jp_fetch, "api", "kernels", kid))["id"] == kid
+    sessions = await fetch_json(jp_fetch, "api", "sessions")
+    assert [s["kernel"]["id"] for s in sessions if s["id"] == session["id"]] == [kid]
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
+    listed = await fetch_json(jp_fetch, "api", "gpucr", "kernels")
+    assert [k["state"] for k in listed if k["kernel_id"] == kid] == ["suspended"]
+
+    # A reconnecting client's kernel_info_request is answered without restoring.
+    ws = await open_ws(jp_ws_fetch, kid)
+    info = request("", "kernel_info_request")
+    await send(ws, info)
+    reply, _, _ = await collect(ws, info["header"]["msg_id"])
+    assert reply["content"]["implementation"] == "ipython"
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
+
+    # Running a cell restores the kernel transparently; the cell's output arrives.
+    reply, out, statuses = await execute(ws, "print(x, int(a.sum()))")
+    assert reply["content"]["status"] == "ok"
+    assert out.split()[-2:] == ["42", checksum]
+    assert "busy" in statuses
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert st["state"] == "running" and st["kernel_id"] == kid
+    assert kid in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
+    ws.close()
+
+
+async def test_suspend_with_open_tab_and_resume_by_rest(jp_fetch, jp_ws_fetch, jp_serverapp):
+    session = await new_session(jp_fetch, "open.ipynb")
+    kid = session["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "y = 'kept'")
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
+    assert st["state"] == "running"
+    reply, out, _ = await execute(ws, "print(y)")  # the tab that stayed open works again
+    assert out.strip().splitlines()[-1] == "kept"
+    assert "gpucr: restored from disk after" in out  # gpucr_hooks tells the user once
+    # interrupt and restart still reach the restored kernel, which is not the server's child
+    await fetch_json(jp_fetch, "api", "kernels", kid, "interrupt", method="POST", body={})
+    ws.close()
+    await fetch_json(jp_fetch, "api", "kernels", kid, "restart", method="POST", body={})
+    ws = await open_ws(jp_ws_fetch, kid, "after-restart")
+    reply, out, _ = await execute(ws, "print('y' in globals())")
+    assert out.strip() == "False"
+    ws.close()
+
+
+async def test_bad_requests(jp_fetch, jp_ws_fetch, jp_serverapp, http_server_client, jp_base_url):
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", "no-such-kernel", "suspend", method="POST", body="{}")
+    assert err.value.code == 404
+    session = await new_session(jp_fetch, "bad.ipynb")
+    kid = session["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "z = 1")
+    # busy kernel
+    busy = request("import time; time.sleep(3)")
+    await send(ws, busy)
+    await asyncio.sleep(0.5)
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
+    assert err.value.code == 409 and b"busy running code" in err.value.response.body
+    await collect(ws, busy["header"]["msg_id"])
+    ws.close()
+    # unauthenticated
+    with pytest.raises(HTTPClientError) as err:
+        await http_server_client.fetch(f"{jp_base_url}api/gpucr/kernels/{kid}/suspend", method="POST", body="{}",
+                                       headers={"Authorization": ""})
+    assert err.value.code in (401, 403)
+    # already suspended
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
+    assert err.value.code == 409 and b"suspended" in err.value.response.body
+    # damaged checkpoint: clear error, the kernel stays suspended, the checkpoint is kept
+    ckpts = await fetch_json(jp_fetch, "api", "gpucr", "checkpoints")
+    path = [c for c in ckpts if c["kernel_id"] == kid][0]["path"]
+    import pathlib
+
+    pages = max(pathlib.Path(path, "images").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pages.write_bytes(bytes(data))
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", kid, "resume", method="POST", body="{}")
+    assert err.value.code == 422 and b"is damaged" in err.value.response.body
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert st["state"] == "suspended" and "damaged" in st["error"]
+    assert pathlib.Path(path).is_dir()
+    # the user gives up on it: shutting the kernel down deletes its checkpoint
+    await jp_fetch("api", "kernels", kid, method="DELETE")
+    assert not pathlib.Path(path).exists()
+
+
+async def test_other_endpoints(jp_fetch):
+    doctor = await fetch_json(jp_fetch, "api", "gpucr", "doctor")
+    assert {"criu", "criu check", "nvidia driver"} <= {c["name"] for c in doctor["checks"]}
+    assert await fetch_json(jp_fetch, "api", "gpucr", "gpus") == []  # no GPU on this machine
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "checkpoints", "..%2Fetc", method="DELETE")
+    assert err.value.code in (400, 404)
