@@ -41,7 +41,7 @@ class GPUCRApp(ExtensionApp):
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers())
 
-    async def start_extension(self) -> None:  # type: ignore[override]
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         await self._adopt_suspended_kernels()
         if self.options.idle_timeout > 0:
             self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * self.options.idle_check_interval)

@@ -129,7 +129,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
     async def adopt_suspended(self, record: dict[str, Any], session_manager: Any) -> None:
         """List a kernel suspended by an earlier server again, with its sessions."""
         kernel_id = record["kernel_id"]
-        km = self.kernel_manager_class(
+        km = self.kernel_manager_factory(
             parent=self, log=self.log, kernel_name=record["kernel_name"], owns_kernel=True,
             connection_file=self.connection_dir and f"{self.connection_dir}/kernel-{kernel_id}.json")
         km.kernel_id = kernel_id

@@ -65,6 +65,7 @@ class KernelSuspender:
         self._kernel_infos: dict[str, dict[str, Any]] = {}
         self._resumes: dict[str, asyncio.Task] = {}
         self._busy: set[str] = set()
+        self._notifications: set[asyncio.Task] = set()
         self.stopping = False
         if event_logger is not None and EVENT_SCHEMA_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(EVENT_SCHEMA)
@@ -220,7 +221,9 @@ class KernelSuspender:
         st.gpu = self._gpu_of(kernel_id)
         self._emit(st, "done")
         self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, running.timings.get("total", 0))
-        asyncio.ensure_future(self._notify_kernel(km, suspended_at, st.gpu))
+        task = asyncio.ensure_future(self._notify_kernel(km, suspended_at, st.gpu))
+        self._notifications.add(task)
+        task.add_done_callback(self._notifications.discard)
         return st
 
     async def _notify_kernel(self, km: Any, suspended_at: float | None, gpu: dict[str, Any] | None) -> None:
@@ -245,6 +248,8 @@ class KernelSuspender:
 
     async def suspend_all(self, reason: str = "server-stop") -> dict[str, str]:
         """Suspend every running kernel within the stop budget; return failures by kernel id."""
+        for task in list(self._notifications):
+            task.cancel()
         running = [k for k in list(self.kernel_manager.list_kernel_ids())
                    if self.states.get(k, KernelState(k)).state == "running"]
         failures: dict[str, str] = {}

@@ -1,0 +1,153 @@
+"""Idle suspension, culling, events, and a real server process stopped with SIGTERM and
+started again on the same store (what JupyterHub does to an idle single-user server)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from .conftest import criu_or_skip
+from .kernel_ws import execute
+from .test_server import fetch_json, new_session, open_ws
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    criu_or_skip()
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpucr": True}},
+        "MappingKernelManager": {"cull_idle_timeout": 2, "cull_interval": 1},
+        "GPUCR": {"store": str(tmp_path / "gpucr-store")},
+    }
+
+
+async def wait_state(jp_fetch, kid, state, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+        if st["state"] == state:
+            return st
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"kernel {kid} never reached {state}: {st}")
+
+
+async def test_culling_suspends_instead_of_deleting(jp_fetch, jp_ws_fetch, jp_serverapp):
+    events = []
+
+    async def listener(logger, schema_id, data):
+        events.append(data)
+
+    from jupyter_gpucr.suspender import EVENT_SCHEMA_ID
+
+    jp_serverapp.event_logger.add_listener(schema_id=EVENT_SCHEMA_ID, listener=listener)
+    session = await new_session(jp_fetch, "idle.ipynb")
+    kid = session["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "w = 'still here'")
+    ws.close()
+    st = await wait_state(jp_fetch, kid, "suspended")
+    assert st["checkpoint"]["reason"] == "idle"
+    assert kid in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
+    assert [s["kernel"]["id"] for s in await fetch_json(jp_fetch, "api", "sessions")] == [kid]
+    phases = [e["phase"] for e in events if e["kernel_id"] == kid]
+    assert phases[0] == "trimming" and "dumping" in phases and phases[-1] == "done"
+    ws = await open_ws(jp_ws_fetch, kid)
+    _, out, _ = await execute(ws, "print(w)")
+    assert out.strip().endswith("still here")
+    ws.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RealServer:
+    """`jupyter server` as a separate process, as JupyterHub runs a single-user server."""
+
+    def __init__(self, root: Path, store: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.headers = {"Authorization": "token secret-token"}
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
+             "--allow-root", f"--ServerApp.root_dir={root}", "--IdentityProvider.token=secret-token",
+             f"--GPUCR.store={store}"], stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
+
+    async def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                await self.get("api/status")
+                return
+            except Exception:
+                await asyncio.sleep(0.3)
+        raise TimeoutError("server did not start")
+
+    async def request(self, path: str, method: str = "GET", body: object = None) -> object:
+        req = HTTPRequest(f"{self.url}/{path}", method=method, headers=self.headers,
+                          body=None if body is None else json.dumps(body), request_timeout=120)
+        resp = await AsyncHTTPClient().fetch(req)
+        return json.loads(resp.body) if resp.body else None
+
+    async def get(self, path: str) -> object:
+        return await self.request(path)
+
+    async def ws(self, kid: str):
+        req = HTTPRequest(f"ws://127.0.0.1:{self.port}/api/kernels/{kid}/channels?session_id=s1", headers=self.headers)
+        return await websocket_connect(req)
+
+    def sigterm(self, timeout: float = 120) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+async def test_sigterm_suspends_all_and_next_server_restores(tmp_path):
+    criu_or_skip()
+    root, store, log = tmp_path / "root", tmp_path / "store", tmp_path / "server.log"
+    root.mkdir()
+    first = RealServer(root, store, log)
+    try:
+        await first.wait_ready()
+        session = await first.request("api/sessions", "POST", {"path": "keep.ipynb", "type": "notebook",
+                                                               "name": "keep.ipynb", "kernel": {"name": "python3"}})
+        kid = session["kernel"]["id"]
+        ws = await first.ws(kid)
+        await execute(ws, "x = 42")
+        ws.close()
+    finally:
+        assert first.sigterm() == 0
+    assert "suspended on disk for the next start" in log.read_text()
+
+    second = RealServer(root, store, log)
+    try:
+        await second.wait_ready()
+        for _ in range(50):  # suspended kernels are listed once the extension has started
+            if kid in [k["id"] for k in await second.get("api/kernels")]:
+                break
+            await asyncio.sleep(0.2)
+        assert kid in [k["id"] for k in await second.get("api/kernels")]
+        sessions = await second.get("api/sessions")
+        assert [(s["path"], s["kernel"]["id"]) for s in sessions] == [("keep.ipynb", kid)]
+        assert (await second.get(f"api/gpucr/kernels/{kid}"))["state"] == "suspended"
+        ws = await second.ws(kid)
+        _, out, _ = await execute(ws, "print(x)")
+        assert out.strip().splitlines()[-1] == "42"
+        assert (await second.get(f"api/gpucr/kernels/{kid}"))["state"] == "running"
+        ws.close()
+    finally:
+        second.sigterm()

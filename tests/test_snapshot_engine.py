@@ -1,0 +1,332 @@
+"""The snapshot engine end to end: real ipykernels started by jupyter_client, no mocks.
+
+Each test drives kernels through ``jupyter_gpucr.engines.snapshot`` exactly as the server
+does. Tests marked ``gpu`` need PyTorch with CUDA in this environment and are skipped
+without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import stat
+import time
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpucr_hooks import format_duration
+from jupyter_client.manager import AsyncKernelManager
+
+from jupyter_gpucr.engines import snapshot
+
+pytestmark = pytest.mark.timeout(180)
+
+HOOKS_DIR = Path(__file__).resolve().parents[1] / "kernel_hooks"
+KERNEL_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS_DIR), os.environ.get("PYTHONPATH")])),
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",  # JAX, where a test uses it, takes only what it needs
+}
+
+# A notebook's cells: data, a model with an optimizer that has taken steps, code defined in
+# the notebook, and what cannot be kept: a generator, a dict holding it, a lock.
+NOTEBOOK = [
+    "import numpy as np, pandas as pd, torch",
+    ("rng = np.random.default_rng(0)\n"
+     "arr = rng.standard_normal((300, 40))\n"
+     "df = pd.DataFrame({'n': np.arange(50), 'x': rng.random(50), 's': [f'row{i}' for i in range(50)]})"),
+    ("torch.manual_seed(0)\n"
+     "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))\n"
+     "opt = torch.optim.Adam(model.parameters(), lr=0.01)\n"
+     "xb, yb = torch.randn(64, 8), torch.randn(64, 1)"),
+    ("def train_step():\n"
+     "    opt.zero_grad()\n"
+     "    loss = torch.nn.functional.mse_loss(model(xb), yb)\n"
+     "    loss.backward()\n"
+     "    opt.step()\n"
+     "    return loss.item()"),
+    "losses = [train_step() for _ in range(3)]",
+    ("class Accumulator:\n"
+     "    def __init__(self):\n"
+     "        self.items = []\n"
+     "    def add(self, v):\n"
+     "        self.items.append(scale * v)\n"
+     "        return self\n"
+     "scale = 2\n"
+     "acc = Accumulator().add(1).add(2)"),
+    ("gen = (i * i for i in range(10))\nnext(gen)\nholder = {'gen': gen, 'n': 1}\n"
+     "lock = __import__('threading').Lock()"),
+    "arr.shape",
+]
+
+# Prints a fingerprint of the state; run in both kernels, outside the saved namespace.
+FINGERPRINT = """(lambda hashlib, json: print(json.dumps({
+    "arr": hashlib.sha256(arr.tobytes()).hexdigest(),
+    "df": int(pd.util.hash_pandas_object(df).sum()), "df_dtypes": [str(t) for t in df.dtypes],
+    "params": [hashlib.sha256(p.detach().numpy().tobytes()).hexdigest() for p in model.parameters()],
+    "opt_state": [[k, hashlib.sha256(v.numpy().tobytes()).hexdigest()]
+                  for s in opt.state.values() for k, v in sorted(s.items())],
+    "shared": all(a is b for a, b in zip(opt.param_groups[0]["params"], model.parameters())),
+    "losses": losses, "acc": acc.items, "acc_type": type(acc) is Accumulator,
+})))(__import__("hashlib"), __import__("json"))"""
+
+STEP = """(lambda hashlib, json: print(json.dumps({"loss": train_step(),
+    "params": [hashlib.sha256(p.detach().numpy().tobytes()).hexdigest() for p in model.parameters()]})))(
+    __import__("hashlib"), __import__("json"))"""
+
+
+def run(coroutine: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coroutine)
+
+
+@contextlib.asynccontextmanager
+async def kernel() -> AsyncIterator[Any]:
+    """A fresh ipykernel that can import gpucr_hooks; shut down on exit."""
+    manager = AsyncKernelManager(kernel_name="python3")
+    await manager.start_kernel(env=KERNEL_ENV)
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        yield client
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel(now=True)
+
+
+async def execute(client: Any, code: str) -> tuple[str, int]:
+    """Run a cell as the notebook would (with history); return its stdout and execution count."""
+    out: list[str] = []
+
+    def collect(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+
+    reply = await client.execute_interactive(code, store_history=True, output_hook=collect, timeout=60)
+    content = reply["content"]
+    assert content["status"] == "ok", "\n".join(content.get("traceback", []))
+    return "".join(out), content["execution_count"]
+
+
+async def execute_json(client: Any, code: str) -> Any:
+    return json.loads((await execute(client, code))[0])
+
+
+def test_round_trip_into_a_fresh_kernel(tmp_path: Path) -> None:
+    target = tmp_path / "snap"
+
+    async def scenario() -> None:
+        async with kernel() as original:
+            for cell in NOTEBOOK:
+                _, count = await execute(original, cell)
+            saved = await snapshot.save(original, target)
+            before = await execute_json(original, FINGERPRINT)
+            expected_step = await execute_json(original, STEP)  # the step the fresh kernel must repeat
+
+        assert saved["path"] == str(target) and saved["bytes"] > 300 * 40 * 8  # arr alone
+        assert {"np", "pd", "torch", "arr", "df", "model", "opt", "train_step", "Accumulator", "acc",
+                "scale", "losses", "rng", "xb", "yb"} <= set(saved["kept"])
+        lost = {item["name"]: item for item in saved["lost"]}
+        assert set(lost) == {"gen", "holder", "lock"}
+        assert lost["gen"]["type"] == "generator" and "generator" in lost["gen"]["reason"]
+        assert lost["holder"] == {"name": "holder", "type": "dict",
+                                  "reason": "refers to 'gen' (generator), which cannot be kept"}
+        assert "lock" in lost["lock"]["reason"]
+        assert stat.S_IMODE(target.stat().st_mode) == 0o700
+        for f in target.rglob("*"):
+            assert stat.S_IMODE(f.stat().st_mode) == (0o700 if f.is_dir() else 0o600), f
+        manifest = json.loads((target / "manifest.json").read_text())
+        assert manifest["kept"] == saved["kept"] and set(manifest["devices"]) == {"cpu"}
+        assert not [p for p in tmp_path.iterdir() if p.name != "snap"], "staging directory left behind"
+
+        async with kernel() as fresh:
+            loaded = await snapshot.load(fresh, target)
+            assert set(loaded["restored"]) == set(saved["kept"])
+            assert loaded["lost"] == saved["lost"]
+            assert loaded["warnings"] == []
+            assert await execute_json(fresh, FINGERPRINT) == before
+            assert await execute_json(fresh, STEP) == expected_step  # bit-identical parameters
+            # In, Out and the execution count continue where the original kernel stopped
+            text, number = await execute(fresh, 'print(__import__("json").dumps([In[1], '
+                                         f'In[{count}], list(Out[{count}]), "gen" in globals()]))')
+            assert number == count + 3  # after FINGERPRINT and STEP
+            assert json.loads(text) == [NOTEBOOK[0], NOTEBOOK[-1], [300, 40], False]
+            # functions and classes defined in the notebook see its live namespace, as before
+            text, _ = await execute(fresh, "scale = 5\nprint(acc.add(1).items)")
+            assert text == "[2, 4, 5]\n"
+
+    run(scenario())
+
+
+def test_prepare_suspend_collects_garbage_and_reports_memory() -> None:
+    async def scenario() -> None:
+        async with kernel() as client:
+            # 256 MiB kept alive only by a reference cycle (automatic collection off, so that
+            # it is still there): freed by prepare_suspend's gc.collect()
+            await execute(client, "import gc, numpy as np\n"
+                                  "gc.disable()\n"
+                                  "class Node: pass\n"
+                                  "a, b = Node(), Node()\n"
+                                  "a.other, b.other, a.data = b, a, np.ones(32 << 20)\n"
+                                  "del a, b")
+            report = await snapshot.prepare_suspend(client)
+            assert report["gc_collected"] >= 2
+            assert report["rss_before"] - report["rss_after"] > 200 << 20
+            # no GPU library initialised here: nothing reserved, nothing trimmed, no warnings
+            assert report["per_device"] == [] and report["libraries"] == [] and report["warnings"] == []
+            assert report["live_bytes"] == report["reserved_before"] == report["reserved_after"] == 0
+            await execute(client, "gc.enable()")  # the kernel still works
+
+    run(scenario())
+
+
+def test_save_to_an_invalid_path_fails_clearly_and_the_kernel_keeps_running(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+
+    async def scenario() -> None:
+        async with kernel() as client:
+            await execute(client, "x = 41")
+            with pytest.raises(snapshot.SnapshotError) as failure:
+                await snapshot.save(client, blocker / "snap")
+            assert "snapshot_save failed in the kernel: FileExistsError" in str(failure.value)
+            assert str(blocker) in str(failure.value)
+            assert "Traceback" in failure.value.kernel_traceback or "File " in failure.value.kernel_traceback
+            with pytest.raises(snapshot.SnapshotError, match="already exists and is not an empty directory"):
+                await snapshot.save(client, occupied)
+            text, _ = await execute(client, "print(x + 1)")
+            assert text == "42\n"
+
+    run(scenario())
+    assert blocker.read_text() == "not a directory"
+    assert [p.name for p in occupied.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "occupied"]  # no staging left
+
+
+def test_restore_notice_shows_once_in_the_next_cell() -> None:
+    async def scenario() -> None:
+        async with kernel() as client:
+            info = {"suspended_at": time.time() - (3 * 3600 + 12 * 60 + 5), "engine": "criu",
+                    "gpu": {"index": 1, "name": "NVIDIA H200"}, "lost": []}
+            await snapshot.notify_restored(client, info)
+            first, _ = await execute(client, "print('cell output')")
+            second, _ = await execute(client, "print('again')")
+            assert first == ("gpucr: restored from disk after 3 h 12 min, onto GPU 1 (NVIDIA H200)\n"
+                             "cell output\n")
+            assert second == "again\n"
+
+    run(scenario())
+
+
+def test_format_duration() -> None:
+    assert [format_duration(s) for s in (-3, 0, 42, 60, 12 * 60 + 59, 3600, 3 * 3600 + 12 * 60,
+                                         86400, 2 * 86400 + 4 * 3600 + 59)] == [
+        "0 s", "0 s", "42 s", "1 min", "12 min", "1 h", "3 h 12 min", "1 d", "2 d 4 h"]
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+GPU_NOTEBOOK = [
+    "import torch",
+    ("torch.manual_seed(0)\n"
+     "model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 8))\n"
+     "model = model.to('cuda:0')\n"
+     "opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n"
+     "xb, yb = torch.randn(128, 256, device='cuda:0'), torch.randn(128, 8, device='cuda:0')"),
+    ("def train_step():\n"
+     "    opt.zero_grad()\n"
+     "    torch.nn.functional.mse_loss(model(xb), yb).backward()\n"
+     "    opt.step()"),
+    "for _ in range(3): train_step()",
+]
+GPU_STEP = """(lambda hashlib, json: (train_step(), print(json.dumps({
+    "devices": sorted({str(p.device) for p in model.parameters()} | {str(v.device) for s in opt.state.values()
+                       for v in s.values()}),
+    "params": [hashlib.sha256(p.detach().cpu().numpy().tobytes()).hexdigest() for p in model.parameters()],
+}))))(__import__("hashlib"), __import__("json"))"""
+
+
+@pytest.mark.gpu
+def test_model_saved_on_cuda0_restores_onto_cuda1(tmp_path: Path) -> None:
+    if _cuda_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    target = tmp_path / "snap"
+
+    async def scenario() -> None:
+        async with kernel() as original:
+            for cell in GPU_NOTEBOOK:
+                await execute(original, cell)
+            saved = await snapshot.save(original, target)
+            expected = await execute_json(original, GPU_STEP)
+        assert expected["devices"] == ["cuda:0"] and saved["lost"] == []
+        assert set(json.loads((target / "manifest.json").read_text())["devices"]) == {"cuda:0"}
+        async with kernel() as fresh:
+            loaded = await snapshot.load(fresh, target, device="cuda:1")
+            assert loaded["warnings"] == [] and loaded["lost"] == []
+            moved = await execute_json(fresh, GPU_STEP)
+            assert moved["devices"] == ["cuda:1"]
+            assert moved["params"] == expected["params"]  # same step, bit for bit, on the other GPU
+
+    run(scenario())
+
+
+@pytest.mark.gpu
+def test_prepare_suspend_releases_cached_gpu_memory() -> None:
+    if _cuda_count() < 1:
+        pytest.skip("needs a CUDA GPU")
+
+    async def scenario() -> None:
+        async with kernel() as client:
+            await execute(client, "import torch\n"
+                                  "keep = torch.ones(64 << 20, device='cuda:0')\n"  # 256 MiB live
+                                  "tmp = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')\n"
+                                  "del tmp")  # 1 GiB freed but cached by the allocator
+            report = await snapshot.prepare_suspend(client)
+            assert report["libraries"] == ["torch"]
+            row = report["per_device"][0]
+            assert row["device"] == "cuda:0" and row["library"] == "torch"
+            assert row["reserved_before"] - row["reserved_after"] >= 1 << 30
+            assert row["allocated_before"] == row["allocated_after"] == report["live_bytes"] == 256 << 20
+            assert report["reserved_after"] >= report["live_bytes"]
+
+    run(scenario())
+
+
+@pytest.mark.gpu
+def test_cupy_and_jax_arrays_round_trip(tmp_path: Path) -> None:
+    if _cuda_count() < 1:
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("cupy")
+    pytest.importorskip("jax")
+    target = tmp_path / "snap"
+    code = ("import cupy, jax, jax.numpy as jnp, numpy as np\n"
+            "c = cupy.arange(1 << 20, dtype=cupy.float32).reshape(1024, 1024) * 0.5\n"
+            "j = jnp.arange(1000, dtype=jnp.float32) * 2\n")
+    check = ('print(__import__("json").dumps([type(c).__module__.split(".")[0], c.device.id, float(c.sum()),'
+             ' type(j).__module__.split(".")[0], float(j.sum())]))')
+
+    async def scenario() -> None:
+        async with kernel() as original:
+            await execute(original, code)
+            saved = await snapshot.save(original, target)
+            expected = await execute_json(original, check)
+        assert {"c", "j"} <= set(saved["kept"]) and saved["lost"] == []
+        async with kernel() as fresh:
+            loaded = await snapshot.load(fresh, target)
+            assert loaded["warnings"] == []
+            assert await execute_json(fresh, check) == expected
+
+    run(scenario())
