@@ -26,11 +26,18 @@ class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     suspended: bool = False
     kernel_pid: int | None = None
+    _standalone: Checkpointer | None = None
 
     @property
     def checkpointer(self) -> Checkpointer:
-        km = self.parent
-        return km.parent.gpucr.checkpointer  # the mapping kernel manager's service
+        """The server's (through the mapping kernel manager), or the default store's when a
+        plain jupyter_client program uses this provisioner (``gpucr checkpoint KERNEL_ID`` then works)."""
+        service = getattr(getattr(self.parent, "parent", None), "gpucr", None)
+        if service is not None:
+            return service.checkpointer
+        if self._standalone is None:
+            self._standalone = Checkpointer()
+        return self._standalone
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         env = kwargs.get("env") or os.environ.copy()

@@ -28,6 +28,16 @@ def criu_or_skip() -> str:
     pytest.skip(reason)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_provisioner_factory():
+    """The provisioner factory is a process-wide singleton: a server test's default (the gpucr
+    provisioner) must not leak into tests that start plain jupyter_client kernels."""
+    yield
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    KernelProvisionerFactory.clear_instance()
+
+
 @pytest.fixture
 def criu_path() -> str:
     return criu_or_skip()

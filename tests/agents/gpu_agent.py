@@ -18,7 +18,7 @@ lock = threading.Lock()
 
 
 def checksum() -> float:
-    return float(base.double().sum().item())
+    return float(base.sum(dtype=torch.float64).item())
 
 
 def serve(server: socket.socket) -> None:
