@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run the GPU tests and benchmarks on a GPU machine that has PyTorch, cuda-bindings and
+# nvidia-ml-py but not the Jupyter stack (the H200 test machine). Expects, beside the repo:
+#   .whl/                      wheels for what the machine lacks (see docs/gpu-tests.md)
+#   .venv/bin/criu + .venv/lib/gpucr-criu/   the CRIU bundle from scripts/install-criu.sh
+# Writes logs and JSON into ${OUT:-./gpu-out}.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+SITE=/tmp/gpucr-site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
+# Entry points of this package without building it (the kernel provisioner is found through them).
+mkdir -p "$SITE/jupyter_gpucr-0.1.0.dist-info"
+printf 'Metadata-Version: 2.1\nName: jupyter-gpucr\nVersion: 0.1.0\n' > "$SITE/jupyter_gpucr-0.1.0.dist-info/METADATA"
+printf '[jupyter_client.kernel_provisioners]\ngpucr-provisioner = jupyter_gpucr.provisioner:GPUCRProvisioner\n' \
+    > "$SITE/jupyter_gpucr-0.1.0.dist-info/entry_points.txt"
+export PYTHONPATH="$SITE:$PWD:$PWD/kernel_hooks" GPUCR_CRIU="$PWD/.venv/bin/criu" PYTHONUNBUFFERED=1
+{ date -u; nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total,driver_version --format=csv; } | tee "$OUT/machine.txt"
+python3 -m jupyter_gpucr.cli doctor | tee "$OUT/doctor.txt"
+python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_server.py tests/test_core.py tests/test_snapshot_engine.py} \
+    -p no:cacheprovider -q -rs 2>&1 | tee "$OUT/gpu-tests.log"
+for gb in ${BENCH_GB:-2 8}; do
+    python3 bench/bench_core.py --cpu-gb 2 --gpu-gb "$gb" --store /dev/shm/gpucr-bench-$gb --json-out "$OUT/bench-$gb.json" \
+        2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/bench-$gb.log"
+    rm -rf /dev/shm/gpucr-bench-$gb
+done

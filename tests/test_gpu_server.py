@@ -1,0 +1,62 @@
+"""A PyTorch kernel on the GPU through the real server: suspend frees the GPU, restore brings
+the tensors back, and trimming the allocator cache first shrinks the image. Runs on the H200
+machine (docs/gpu-tests.md); skips without a GPU."""
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpucr import gpus
+from jupyter_gpucr.engines import cuda
+
+from .kernel_ws import execute
+from .test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+
+SETUP = """
+import torch
+torch.manual_seed(0)
+keep = torch.rand(2 * 2**30 // 4, device="cuda")          # 2 GiB that must survive
+tmp = torch.empty(6 * 2**30, dtype=torch.uint8, device="cuda"); tmp.fill_(1); del tmp   # 6 GiB freed, still cached
+print(float(keep.sum(dtype=torch.float64)), torch.cuda.memory_reserved() >> 20)
+"""
+
+
+@pytest.fixture(autouse=True)
+def need_gpu():
+    if not gpus.list_gpus() or cuda.unavailable_reason():
+        pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
+
+
+def on_gpu(pid: int) -> bool:
+    return any(pid in g.processes for g in gpus.list_gpus())
+
+
+async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp):
+    svc = jp_serverapp.kernel_manager.gpucr
+    kid = (await new_session(jp_fetch, "gpu.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    _, out, _ = await execute(ws, SETUP, timeout=300)
+    checksum, reserved_mib = out.split()[-2:]
+    assert int(reserved_mib) >= 8000
+    pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
+    assert on_gpu(pid)
+
+    svc.config.trim_before_suspend = False
+    untrimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert not on_gpu(pid), "the GPU must be free while the kernel is suspended"
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
+    _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)))")
+    assert out.split()[-1] == checksum
+
+    svc.config.trim_before_suspend = True
+    trimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert trimmed["trim"]["reserved_after"] < trimmed["trim"]["reserved_before"]
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
+    _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), torch.cuda.memory_reserved() >> 20)")
+    assert out.split()[-2] == checksum
+    a, b = untrimmed["checkpoint"]["size"], trimmed["checkpoint"]["size"]
+    print(f"\nGPU kernel image: {a >> 20} MiB untrimmed, {b >> 20} MiB trimmed; timings untrimmed "
+          f"{untrimmed['timings']}, trimmed {trimmed['timings']}")
+    assert b < a - (4 << 30), f"trimming should drop the 6 GiB cache: {a >> 20} MiB -> {b >> 20} MiB"
+    ws.close()
