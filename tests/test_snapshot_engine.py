@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from gpucr_hooks import format_duration
+from gpucr_hooks.devicemap import DeviceMap
 from jupyter_client.manager import AsyncKernelManager
 
 from jupyter_gpucr.engines import snapshot
@@ -162,6 +163,31 @@ def test_round_trip_into_a_fresh_kernel(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_what_cannot_be_loaded_is_reported_and_the_rest_loads(tmp_path: Path) -> None:
+    """A module that is gone in the fresh kernel: its name and an object of its class are lost."""
+    (tmp_path / "gone_tomorrow.py").write_text("class Thing:\n    pass\n")
+    target = tmp_path / "snap"
+
+    async def scenario() -> None:
+        async with kernel() as original:
+            await execute(original, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+                                    "import gone_tomorrow\nthing = gone_tomorrow.Thing()\nx = [1, 2]")
+            saved = await snapshot.save(original, target)
+        assert saved["lost"] == [] and {"gone_tomorrow", "thing", "x", "sys"} <= set(saved["kept"])
+        (tmp_path / "gone_tomorrow.py").unlink()
+        async with kernel() as fresh:
+            loaded = await snapshot.load(fresh, target)
+            lost = {item["name"]: item["reason"] for item in loaded["lost"]}
+            assert set(lost) == {"gone_tomorrow", "thing"}
+            assert "No module named 'gone_tomorrow'" in lost["gone_tomorrow"]
+            assert lost["thing"].startswith("could not be loaded: ModuleNotFoundError")
+            assert set(loaded["restored"]) == {"sys", "x"}
+            text, _ = await execute(fresh, "print(x, 'thing' in globals())")
+            assert text == "[1, 2] False\n"
+
+    run(scenario())
+
+
 def test_prepare_suspend_collects_garbage_and_reports_memory() -> None:
     async def scenario() -> None:
         async with kernel() as client:
@@ -231,6 +257,22 @@ def test_format_duration() -> None:
         "0 s", "0 s", "42 s", "1 min", "12 min", "1 h", "3 h 12 min", "1 d", "2 d 4 h"]
 
 
+def test_device_map() -> None:
+    to_one = DeviceMap("cuda:1")
+    assert [to_one.resolve("cuda:0", 2), to_one.resolve("cuda:3", 2), to_one.resolve("cpu", 2)] == [
+        "cuda:1", "cuda:1", "cpu"]
+    assert to_one.warnings == []
+    mapped = DeviceMap({"cuda:0": "cuda:1", "cuda:1": "cuda:0"})
+    assert [mapped.resolve("cuda:0", 2), mapped.resolve("cuda:1", 2)] == ["cuda:1", "cuda:0"]
+    same = DeviceMap(None)
+    assert [same.resolve("cuda:1", 2), same.resolve("cuda:1", 1), same.resolve("cuda:0", 0)] == [
+        "cuda:1", "cuda:0", "cpu"]
+    assert same.warnings == [
+        "cuda:1 does not exist (1 GPU(s)): arrays saved on cuda:1 were loaded on cuda:0",
+        "CUDA is not available: arrays saved on cuda:0 were loaded on the CPU",
+    ]
+
+
 def _cuda_count() -> int:
     try:
         import torch
@@ -260,6 +302,7 @@ GPU_STEP = """(lambda hashlib, json: (train_step(), print(json.dumps({
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu2
 def test_model_saved_on_cuda0_restores_onto_cuda1(tmp_path: Path) -> None:
     if _cuda_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
