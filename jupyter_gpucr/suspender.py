@@ -65,7 +65,7 @@ class KernelSuspender:
         self._kernel_infos: dict[str, dict[str, Any]] = {}
         self._resumes: dict[str, asyncio.Task] = {}
         self._busy: set[str] = set()
-        self._notifications: set[asyncio.Task] = set()
+        self._notifications: dict[str, asyncio.Task] = {}
         self.stopping = False
         if event_logger is not None and EVENT_SCHEMA_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(EVENT_SCHEMA)
@@ -122,6 +122,12 @@ class KernelSuspender:
         if kernel_id in self._busy or st.state != "running":
             raise StateError(f"Kernel {kernel_id} is {st.state if st.state != 'running' else 'busy with another operation'}.",
                              "Wait until it is running again." if st.state != "suspended" else "It is already on disk.")
+        if kernel_id in self._notifications:  # our own after-restore message keeps it busy briefly
+            await asyncio.wait([self._notifications[kernel_id]], timeout=10)
+        for _ in range(10):  # let a momentary busy (a completion request) pass
+            if km.execution_state != "busy":
+                break
+            await asyncio.sleep(0.1)
         if km.execution_state == "busy" and reason == "manual":
             raise StateError(f"Kernel {kernel_id} is busy running code.",
                              "Wait for the cell to finish or interrupt it, then suspend.")
@@ -222,8 +228,8 @@ class KernelSuspender:
         self._emit(st, "done")
         self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, running.timings.get("total", 0))
         task = asyncio.ensure_future(self._notify_kernel(km, suspended_at, st.gpu))
-        self._notifications.add(task)
-        task.add_done_callback(self._notifications.discard)
+        self._notifications[kernel_id] = task
+        task.add_done_callback(lambda _t: self._notifications.pop(kernel_id, None))
         return st
 
     async def _notify_kernel(self, km: Any, suspended_at: float | None, gpu: dict[str, Any] | None) -> None:
@@ -248,7 +254,7 @@ class KernelSuspender:
 
     async def suspend_all(self, reason: str = "server-stop") -> dict[str, str]:
         """Suspend every running kernel within the stop budget; return failures by kernel id."""
-        for task in list(self._notifications):
+        for task in list(self._notifications.values()):
             task.cancel()
         running = [k for k in list(self.kernel_manager.list_kernel_ids())
                    if self.states.get(k, KernelState(k)).state == "running"]
