@@ -63,7 +63,7 @@ class GPUCRApp(ExtensionApp):
             except Exception as e:
                 self.log.error("gpucr: could not list suspended kernel %s again: %s", name, e)
                 continue
-            self.service.mark_adopted(name, latest.summary(), rec.get("suspended_at"), kernel.get("kernel_info"))
+            self.service.mark_adopted(name, latest, rec.get("suspended_at"))
             self.log.info("gpucr: kernel %s is suspended on disk (%s); it restores on first use", name, latest.id)
 
     async def _suspend_idle_kernels(self) -> None:

@@ -9,6 +9,7 @@ emits every state change and progress step on jupyter_server's event bus.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,8 +20,9 @@ from jupyter_events import EventLogger
 from . import gpus
 from .checkpointer import Checkpointer
 from .config import GPUCR
-from .errors import GPUCRError, NotFoundError, StateError
-from .store import Store
+from .errors import GPUCRError, NotFoundError, PreconditionError, StateError
+from .kernel_snapshots import KernelSnapshots
+from .store import Checkpoint, Store
 
 if TYPE_CHECKING:
     from .kernelmanager import GPUCRMappingKernelManager
@@ -39,6 +41,9 @@ class KernelState:
     checkpoint: dict[str, Any] | None = None
     gpu: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
+    engine_reason: str | None = None
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     suspended_at: float | None = None
     error: str | None = None
     hint: str | None = None
@@ -61,11 +66,11 @@ class KernelSuspender:
         self.checkpointer = Checkpointer(
             Store(config.store or None), criu_path=config.criu_path or None, keep_last=config.keep_last,
             max_bytes=config.max_store_bytes or None, lock_timeout_ms=config.lock_timeout_ms)
+        self.snapshots = KernelSnapshots(self.checkpointer.store, config.keep_last, config.max_store_bytes or None)
         self.states: dict[str, KernelState] = {}
         self._kernel_infos: dict[str, dict[str, Any]] = {}
         self._resumes: dict[str, asyncio.Task] = {}
         self._busy: set[str] = set()
-        self._notifications: dict[str, asyncio.Task] = {}
         self.stopping = False
         if event_logger is not None and EVENT_SCHEMA_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(EVENT_SCHEMA)
@@ -122,8 +127,6 @@ class KernelSuspender:
         if kernel_id in self._busy or st.state != "running":
             raise StateError(f"Kernel {kernel_id} is {st.state if st.state != 'running' else 'busy with another operation'}.",
                              "Wait until it is running again." if st.state != "suspended" else "It is already on disk.")
-        if kernel_id in self._notifications:  # our own after-restore message keeps it busy briefly
-            await asyncio.wait([self._notifications[kernel_id]], timeout=10)
         for _ in range(10):  # let a momentary busy (a completion request) pass
             if km.execution_state != "busy":
                 break
@@ -131,41 +134,92 @@ class KernelSuspender:
         if km.execution_state == "busy" and reason == "manual":
             raise StateError(f"Kernel {kernel_id} is busy running code.",
                              "Wait for the cell to finish or interrupt it, then suspend.")
-        engine = engine or self.config.engine
-        if engine == "snapshot":
-            raise StateError("The snapshot engine is not wired into the server yet.", "Use engine 'criu' or 'auto'.")
+        engine, why = self.choose_engine(km, engine or self.config.engine)
         self._busy.add(kernel_id)
         st.state, st.error, st.hint = "suspending", None, None
         try:
             self._emit(st, "trimming")
-            kernel_info, st.trim = await self._prepare_kernel(km)
+            kernel_info, st.trim = await self._prepare_kernel(km, trim=engine == "criu")
             if kernel_info:
                 self._kernel_infos[kernel_id] = kernel_info
-            await self.kernel_manager.detach_kernel(kernel_id)
-            extra = {"kernel": await self._kernel_record(kernel_id, km, kernel_info), "reason": reason}
-            try:
-                ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra,
-                                               self._progress_callback(st))
-            except BaseException:
-                await self.kernel_manager.reattach_kernel(kernel_id)
-                raise
-            km.provisioner.mark_suspended()
-            await km.provisioner.cleanup(restart=True)
+            extra = {"kernel": await self._kernel_record(kernel_id, km, kernel_info), "reason": reason,
+                     "engine_reason": why}
+            if engine == "criu":
+                ckpt = await self._suspend_criu(kernel_id, km, reason, extra, st)
+            else:
+                ckpt = await self._suspend_snapshot(kernel_id, km, extra, st)
         except GPUCRError as e:
             st.state, st.error, st.hint = "running", e.message, e.hint
             self._emit(st, "failed")
             raise
         finally:
             self._busy.discard(kernel_id)
-        st.state, st.engine, st.suspended_at = "suspended", "criu", time.time()
+        st.state, st.engine, st.engine_reason, st.suspended_at = "suspended", engine, why, time.time()
         st.checkpoint, st.gpu = ckpt.summary(), None
+        st.lost = ckpt.manifest.get("snapshot", {}).get("lost", [])
         st.timings = ckpt.manifest.get("timings", {})
         self._emit(st, "done", ckpt.size, ckpt.size)
-        self.log.info("gpucr: suspended kernel %s (%s, %d MiB in %.2f s)", kernel_id, reason, ckpt.size >> 20,
-                      st.timings.get("total", 0))
+        self.log.info("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine, reason,
+                      ckpt.size >> 20, st.timings.get("total", 0))
         return st
 
-    async def _prepare_kernel(self, km: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    def choose_engine(self, km: Any, requested: str) -> tuple[str, str]:
+        """Pick the engine for a suspend and say why: criu when it can run, else snapshot."""
+        problem = self._criu_problem(km)
+        if requested == "snapshot":
+            return "snapshot", "requested"
+        if requested == "criu":
+            if problem:
+                raise PreconditionError(f"The criu engine cannot suspend this kernel: {problem}",
+                                        "Use the snapshot engine (engine: snapshot).")
+            return "criu", "requested"
+        if problem:
+            return "snapshot", f"criu unavailable: {problem}"
+        return "criu", "whole process (CRIU + CUDA driver) available"
+
+    def _criu_problem(self, km: Any) -> str | None:
+        from .provisioner import GPUCRProvisioner
+
+        if not isinstance(km.provisioner, GPUCRProvisioner):
+            return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
+        try:
+            self.checkpointer.criu
+        except GPUCRError as e:
+            return e.message
+        if os.geteuid() != 0:
+            from .doctor import _check_privileges
+
+            check = _check_privileges()
+            if not check.ok:
+                return f"no checkpoint privileges ({check.detail})"
+        return None
+
+    async def _suspend_criu(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any],
+                            st: KernelState) -> Checkpoint:
+        await self.kernel_manager.detach_kernel(kernel_id)
+        try:
+            ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra,
+                                           self._progress_callback(st))
+        except BaseException:
+            await self.kernel_manager.reattach_kernel(kernel_id)
+            raise
+        km.provisioner.mark_suspended()
+        await km.provisioner.cleanup(restart=True)
+        return ckpt
+
+    async def _suspend_snapshot(self, kernel_id: str, km: Any, extra: dict[str, Any], st: KernelState) -> Checkpoint:
+        self._emit(st, "dumping")
+        ckpt = await self.snapshots.save(km, kernel_id, extra)  # the kernel still runs if this fails
+        await self.kernel_manager.detach_kernel(kernel_id)
+        await km.shutdown_kernel(now=False, restart=True)
+        if hasattr(km.provisioner, "mark_suspended"):
+            km.provisioner.mark_suspended()
+        self.checkpointer.store.write_proc(kernel_id, {
+            "name": kernel_id, "state": "checkpointed", "engine": "snapshot", "checkpoint": ckpt.id, "pid": None,
+            "suspended_at": time.time(), "uid": os.getuid()})
+        return ckpt
+
+    async def _prepare_kernel(self, km: Any, trim: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Ask the kernel for its kernel_info (served from cache while it is suspended) and to
         trim itself; neither may block a suspend, so failures only log."""
         from .engines import snapshot
@@ -176,7 +230,7 @@ class KernelSuspender:
         try:
             reply = await client.kernel_info(reply=True, timeout=10)
             info = reply["content"]
-            if self.config.trim_before_suspend:
+            if trim and self.config.trim_before_suspend:
                 trim = await snapshot.prepare_suspend(client, timeout=60)
         except Exception as e:
             self.log.warning("gpucr: kernel did not trim before suspend: %s", e)
@@ -213,49 +267,78 @@ class KernelSuspender:
         km = self.kernel_manager.get_kernel(kernel_id)
         st.state, st.error, st.hint = "restoring", None, None
         self._emit(st, "restoring")
+        ckpt = self.checkpointer.store.latest(kernel_id)
         try:
-            running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, None,
-                                              self._progress_callback(st), False)
+            if ckpt is None:
+                raise StateError(f"Kernel {kernel_id} has no checkpoint left.", "Shut it down and start a new kernel.")
+            if ckpt.manifest.get("engine") == "snapshot":
+                timings = await self._resume_snapshot(kernel_id, km, ckpt, gpu, st)
+            else:
+                timings = await self._resume_criu(kernel_id, km, gpu, st)
         except GPUCRError as e:
             st.state, st.error, st.hint = "suspended", e.message, e.hint
             self._emit(st, "failed")
             raise
-        km.provisioner.adopt(running.started)
-        await self.kernel_manager.reattach_kernel(kernel_id)
-        suspended_at = st.suspended_at
-        st.state, st.suspended_at, st.timings = "running", None, running.timings
         st.gpu = self._gpu_of(kernel_id)
+        # Before any client's queued cell runs, so the notice lands in that very cell.
+        await self._notify_kernel(km, st.suspended_at, st.gpu, st.engine or "criu", st.lost)
+        await self.kernel_manager.reattach_kernel(kernel_id)
+        st.state, st.suspended_at, st.timings = "running", None, timings
         self._emit(st, "done")
-        self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, running.timings.get("total", 0))
-        task = asyncio.ensure_future(self._notify_kernel(km, suspended_at, st.gpu))
-        self._notifications[kernel_id] = task
-        task.add_done_callback(lambda _t: self._notifications.pop(kernel_id, None))
+        self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, timings.get("total", 0))
         return st
 
-    async def _notify_kernel(self, km: Any, suspended_at: float | None, gpu: dict[str, Any] | None) -> None:
+    async def _resume_criu(self, kernel_id: str, km: Any, gpu: str, st: KernelState) -> dict[str, float]:
+        running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, None,
+                                          self._progress_callback(st), False)
+        km.provisioner.adopt(running.started)
+        return running.timings
+
+    async def _resume_snapshot(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str,
+                               st: KernelState) -> dict[str, float]:
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.snapshots.verify, ckpt)
+        if hasattr(km.provisioner, "suspended"):
+            km.provisioner.suspended = False
+        await km.start_kernel(**(km._launch_args or {}))
+        device = f"cuda:{gpu}" if str(gpu).isdigit() else None
+        try:
+            report = await self.snapshots.load(km, ckpt, device)
+        except GPUCRError:
+            await km.shutdown_kernel(now=True, restart=True)
+            if hasattr(km.provisioner, "mark_suspended"):
+                km.provisioner.mark_suspended()
+            raise
+        st.lost = report.get("lost", [])
+        st.warnings = report.get("warnings", [])
+        return {"total": time.perf_counter() - t0}
+
+    async def _notify_kernel(self, km: Any, suspended_at: float | None, gpu: dict[str, Any] | None, engine: str,
+                             lost: list[dict[str, Any]]) -> None:
         from .engines import snapshot
 
         client = km.client()
         client.start_channels()
         try:
-            await snapshot.notify_restored(client, {"suspended_at": suspended_at, "gpu": gpu, "engine": "criu", "lost": []})
+            await snapshot.notify_restored(client, {"suspended_at": suspended_at, "gpu": gpu, "engine": engine, "lost": lost},
+                                           timeout=10)
         except Exception as e:
             self.log.debug("gpucr: restored kernel was not notified: %s", e)
         finally:
             client.stop_channels()
 
     # -- server start and stop -----------------------------------------------------------
-    def mark_adopted(self, kernel_id: str, ckpt_summary: dict[str, Any], suspended_at: float | None,
-                     kernel_info: dict[str, Any] | None) -> None:
-        if kernel_info:
-            self._kernel_infos[kernel_id] = kernel_info
-        self.states[kernel_id] = KernelState(kernel_id, state="suspended", engine="criu", checkpoint=ckpt_summary,
-                                             suspended_at=suspended_at)
+    def mark_adopted(self, kernel_id: str, ckpt: Checkpoint, suspended_at: float | None) -> None:
+        """A kernel an earlier server suspended is listed again by this one."""
+        m = ckpt.manifest
+        if m["kernel"].get("kernel_info"):
+            self._kernel_infos[kernel_id] = m["kernel"]["kernel_info"]
+        self.states[kernel_id] = KernelState(
+            kernel_id, state="suspended", engine=m.get("engine"), engine_reason=m.get("engine_reason"),
+            checkpoint=ckpt.summary(), suspended_at=suspended_at, lost=m.get("snapshot", {}).get("lost", []))
 
     async def suspend_all(self, reason: str = "server-stop") -> dict[str, str]:
         """Suspend every running kernel within the stop budget; return failures by kernel id."""
-        for task in list(self._notifications.values()):
-            task.cancel()
         running = [k for k in list(self.kernel_manager.list_kernel_ids())
                    if self.states.get(k, KernelState(k)).state == "running"]
         failures: dict[str, str] = {}

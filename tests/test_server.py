@@ -164,3 +164,25 @@ async def test_other_endpoints(jp_fetch):
     with pytest.raises(HTTPClientError) as err:
         await jp_fetch("api", "gpucr", "checkpoints", "..%2Fetc", method="DELETE")
     assert err.value.code in (400, 404)
+
+
+async def test_snapshot_engine_through_the_server(jp_fetch, jp_ws_fetch, jp_serverapp):
+    session = await new_session(jp_fetch, "snap.ipynb")
+    kid = session["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "import numpy as np\nb = np.arange(1000) * 3\ndef twice(v):\n    return 2 * v\n"
+                      "gen = (i for i in range(3))")
+    pid = kernel_pid(jp_serverapp, kid)
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body=json.dumps({"engine": "warp"}))
+    assert err.value.code == 400
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={"engine": "snapshot"})
+    assert st["state"] == "suspended" and st["engine"] == "snapshot" and st["engine_reason"] == "requested"
+    assert [(x["name"], x["type"]) for x in st["lost"]] == [("gen", "generator")]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    reply, out, _ = await execute(ws, "print(int(b.sum()), twice(21))")
+    assert out.strip().splitlines()[-1] == "1498500 42"
+    assert "not kept: gen (generator)" in out  # the user is told, in the notebook, what was lost
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert st["state"] == "running" and st["kernel_id"] == kid
+    ws.close()
