@@ -21,7 +21,7 @@ from typing import Any, Callable
 import psutil
 
 from . import __version__, gpus
-from .checksums import digest_tree, find_mismatches
+from .checksums import DigestWhileWriting, find_mismatches
 from .engines import cuda
 from .engines.criu import Criu, explain_log
 from .errors import CheckpointDamagedError, EngineError, GPUCRError, IncompatibleCheckpointError, PreconditionError, StateError
@@ -171,7 +171,7 @@ class Checkpointer:
             if cuda_pids:
                 timings["gpu_free"] = time.perf_counter() - t0
             progress("dumping", 0, estimate)
-            with _DirProgress(tmp / "images", estimate, progress):
+            with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests:
                 timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running)
         except BaseException as e:
             problems = cuda.put_back(locked)
@@ -187,7 +187,7 @@ class Checkpointer:
         try:
             progress("verifying", estimate, estimate)
             t1 = time.perf_counter()
-            files = digest_tree(tmp / "images")
+            files = digests.result()
             timings["checksum"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
             manifest = self._manifest(name, rec, pid, ns_pid, cuda_ns_pids, used, machine_gpus, files, reason, leave_running,
