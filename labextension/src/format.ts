@@ -3,7 +3,7 @@
  *
  * Pure functions, unit-tested in src/__tests__/format.test.ts.
  */
-import type { IProgress } from './types';
+import type { IProgress, Timestamp } from './types';
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
 
@@ -61,13 +61,32 @@ export function formatDuration(seconds: number): string {
   return rest ? `${days} d ${rest} h` : `${days} d`;
 }
 
-/** Parse an ISO 8601 time; `null` for missing or invalid input. */
-export function parseTime(iso: string | null | undefined): Date | null {
-  if (!iso) {
+/**
+ * Parse a time: an ISO 8601 string, or a number of seconds since the epoch
+ * (milliseconds when it is too large to be seconds). `null` for missing or
+ * invalid input.
+ */
+export function parseTime(value: Timestamp | null | undefined): Date | null {
+  if (value === null || value === undefined || value === '') {
     return null;
   }
-  const date = new Date(iso);
+  let date: Date;
+  if (typeof value === 'number') {
+    if (!isFinite(value) || value <= 0) {
+      return null;
+    }
+    date = new Date(value > 1e11 ? value : value * 1000);
+  } else {
+    date = /^\d+(\.\d+)?$/.test(value.trim())
+      ? new Date(parseFloat(value) * 1000)
+      : new Date(value);
+  }
   return isNaN(date.getTime()) ? null : date;
+}
+
+/** Milliseconds since the epoch of a time, 0 when unknown (for sorting). */
+export function timeValue(value: Timestamp | null | undefined): number {
+  return parseTime(value)?.getTime() ?? 0;
 }
 
 /**
@@ -76,10 +95,10 @@ export function parseTime(iso: string | null | undefined): Date | null {
  * future (clock skew between browser and server) read `just now`.
  */
 export function formatSince(
-  iso: string | null | undefined,
+  time: Timestamp | null | undefined,
   now: Date = new Date()
 ): string {
-  const date = parseTime(iso);
+  const date = parseTime(time);
   if (!date) {
     return '';
   }
@@ -91,8 +110,8 @@ export function formatSince(
 }
 
 /** A local date and time for tooltips and the side panel, `''` if unknown. */
-export function formatDate(iso: string | null | undefined): string {
-  const date = parseTime(iso);
+export function formatDate(time: Timestamp | null | undefined): string {
+  const date = parseTime(time);
   return date ? date.toLocaleString() : '';
 }
 
@@ -151,6 +170,17 @@ export function formatProgress(progress: IProgress | null | undefined): string {
     }
   }
   return parts.join(' ');
+}
+
+/** A duration of an operation in seconds: `0.8 s`, `2.3 s`, `45 s`, `3 min 20 s`. */
+export function formatSeconds(seconds: number | null | undefined): string {
+  if (typeof seconds !== 'number' || !isFinite(seconds) || seconds < 0) {
+    return '';
+  }
+  if (seconds < 10) {
+    return `${seconds.toFixed(1)} s`;
+  }
+  return formatDuration(seconds);
 }
 
 /** Shorten `text` to at most `max` characters with an ellipsis. */

@@ -29,12 +29,16 @@ import { CommandIDs, PLUGIN_ID } from './tokens';
 export * from './model';
 export { CommandIDs, PLUGIN_ID } from './tokens';
 
-/** Kernel statuses that mean the server is bringing a kernel (back) up. */
+/**
+ * Kernel statuses that mean the server is bringing a suspended kernel back.
+ * (Not `busy`: a late status message of the suspend itself can say busy.
+ * Running a cell is caught by `executionScheduled`, and the server's events
+ * say `restoring` anyway.)
+ */
 const WAKING: ReadonlyArray<Kernel.Status> = [
   'restarting',
   'autorestarting',
-  'starting',
-  'busy'
+  'starting'
 ];
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -59,8 +63,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
     let settings: ISettingRegistry.ISettings | null = null;
     let confirmSuspend = true;
 
-    /** The notebook path of a kernel: its session, else its checkpoint. */
+    /**
+     * The notebook path of a kernel: an open notebook's (kept current across
+     * renames), else its session's, else its checkpoint's.
+     */
     const pathForKernel = (kernelId: string): string | null => {
+      const open = tracker.find(
+        p => p.sessionContext.session?.kernel?.id === kernelId
+      );
+      if (open) {
+        return open.context.path;
+      }
       for (const session of serviceManager.sessions.running()) {
         if (session.kernel?.id === kernelId) {
           return session.path;

@@ -10,6 +10,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import type { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { timeValue } from './format';
 import { isTransient, mergeEvent, stateChanged } from './state';
 import {
   ICheckpoint,
@@ -79,12 +80,15 @@ export async function requestAPI<T>(
           ? 'Not found (is the jupyter_gpucr server extension enabled?)'
           : response.statusText || `HTTP ${response.status}`;
     }
+    // jupyter_server writes {"message", "reason"}; gpucr adds "hint" (what to do).
+    const hint =
+      data && typeof data === 'object'
+        ? data.hint || data.reason || null
+        : null;
     throw new GpucrRequestError(
       String(message),
       response.status,
-      data && typeof data === 'object' && data.reason
-        ? String(data.reason)
-        : null
+      hint ? String(hint) : null
     );
   }
   return data as T;
@@ -313,8 +317,8 @@ export class GpucrModel implements IDisposable {
       checkpoints.status === 'fulfilled' &&
       Array.isArray(checkpoints.value)
     ) {
-      this._checkpoints = [...checkpoints.value].sort((a, b) =>
-        (b.created ?? '').localeCompare(a.created ?? '')
+      this._checkpoints = [...checkpoints.value].sort(
+        (a, b) => timeValue(b.created) - timeValue(a.created)
       );
     } else if (checkpoints.status === 'rejected') {
       errors.push(String((checkpoints.reason as Error).message));
@@ -523,6 +527,9 @@ export class GpucrModel implements IDisposable {
     };
     if (!base.error && !isTransient(base.state)) {
       base.error = error.message || String(error);
+      if (error instanceof GpucrRequestError && error.reason && !base.hint) {
+        base.hint = error.reason;
+      }
     }
     this._setState(kernelId, base);
   }
@@ -624,7 +631,9 @@ namespace Private {
       gpu: null,
       progress: null,
       suspended_at: null,
-      error: null
+      error: null,
+      hint: null,
+      timings: null
     };
   }
 
@@ -641,7 +650,9 @@ namespace Private {
       gpu: state.gpu ?? null,
       progress: state.progress ?? null,
       suspended_at: state.suspended_at ?? null,
-      error: state.error ?? null
+      error: state.error || null,
+      hint: state.hint || null,
+      timings: state.timings ?? null
     };
   }
 }

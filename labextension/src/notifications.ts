@@ -48,7 +48,6 @@ export function connectNotifications(options: {
         return {
           label: 'Retry',
           caption: 'Restore the kernel again',
-          displayType: 'accent',
           callback: () => void commands.execute(CommandIDs.resume, { kernelId })
         };
       case 'resume-other-gpu':
@@ -89,16 +88,34 @@ export function connectNotifications(options: {
   };
 
   model.kernelChanged.connect((_: GpucrModel, change: IKernelTransition) => {
-    if (!change.current) {
+    const current = change.current;
+    if (!current) {
       return;
     }
-    const notice = transitionNotice(
-      change.previous,
-      change.current,
-      kernelLabel(change.kernelId, pathForKernel(change.kernelId))
-    );
-    if (notice) {
-      show(notice, change.kernelId);
+    const label = kernelLabel(change.kernelId, pathForKernel(change.kernelId));
+    const notice = transitionNotice(change.previous, current, label);
+    if (!notice) {
+      return;
     }
+    if (notice.type !== 'error' || current.hint) {
+      show(notice, change.kernelId);
+      return;
+    }
+    // Events carry the error but not the server's hint (what the user can
+    // do); the REST state has both.
+    model.client
+      .getKernel(change.kernelId)
+      .then(fresh => {
+        const better =
+          fresh && fresh.error === current.error && fresh.hint
+            ? transitionNotice(
+                change.previous,
+                { ...current, hint: fresh.hint },
+                label
+              )
+            : null;
+        show(better ?? notice, change.kernelId);
+      })
+      .catch(() => show(notice, change.kernelId));
   });
 }

@@ -20,7 +20,7 @@ import {
 } from './format';
 import { gpuIcon } from './icons';
 import { GpucrModel, ICheckpoint, IGpu, IKernelState } from './model';
-import { describeKernelState } from './state';
+import { describeKernelState, isTransient } from './state';
 import { CommandIDs } from './tokens';
 
 export class GpucrPanel extends ReactWidget {
@@ -127,10 +127,8 @@ export class GpucrPanel extends ReactWidget {
       null;
     const { label, title } = describeKernelState(state);
     const checkpoint = state.checkpoint;
+    // The label already says the size and age.
     const details = [
-      checkpoint?.size !== null && checkpoint?.size !== undefined
-        ? formatBytes(checkpoint.size)
-        : '',
       checkpoint?.engine ?? state.engine ?? '',
       checkpoint?.gpu_model ?? ''
     ].filter(Boolean);
@@ -151,7 +149,7 @@ export class GpucrPanel extends ReactWidget {
           {details.length > 0 && (
             <div className="jp-gpucr-Item-detail">{details.join(' · ')}</div>
           )}
-          {state.progress && (
+          {isTransient(state.state) && state.progress && (
             <div className="jp-gpucr-Item-detail">
               {formatProgress(state.progress)}
             </div>
@@ -180,9 +178,11 @@ export class GpucrPanel extends ReactWidget {
     const kernel = checkpoint.kernel_id
       ? this._model.getKernel(checkpoint.kernel_id)
       : undefined;
+    // The open notebook's path first: it follows renames after the suspend.
     const path =
-      checkpoint.notebook_path ??
-      (checkpoint.kernel_id ? this._pathForKernel(checkpoint.kernel_id) : null);
+      (checkpoint.kernel_id
+        ? this._pathForKernel(checkpoint.kernel_id)
+        : null) ?? checkpoint.notebook_path;
     const live =
       kernel?.state === 'suspended' &&
       (!kernel.checkpoint || kernel.checkpoint.id === checkpoint.id);

@@ -10,6 +10,7 @@ import {
   formatBytes,
   formatDate,
   formatProgress,
+  formatSeconds,
   formatSince,
   truncate
 } from './format';
@@ -86,6 +87,9 @@ export function describeKernelState(
       if (error) {
         label += ' · ⚠ suspend failed';
         title += `\nThe last suspend failed: ${error}`;
+        if (state.hint) {
+          title += `\n${state.hint}`;
+        }
         kind = 'error';
       }
       return { label, title, kind };
@@ -134,6 +138,9 @@ export function describeKernelState(
       if (error) {
         label += ' · ⚠ restore failed';
         title += `\nThe last restore failed: ${error}`;
+        if (state.hint) {
+          title += `\n${state.hint}`;
+        }
         kind = 'error';
       }
       return { label, title, kind };
@@ -166,7 +173,9 @@ export function mergeEvent(
     gpu: null,
     progress: null,
     suspended_at: null,
-    error: null
+    error: null,
+    hint: null,
+    timings: null
   };
   const transient = isTransient(event.state);
   const hasProgress =
@@ -187,11 +196,20 @@ export function mergeEvent(
           ? base.progress
           : null
   };
-  if (event.error !== undefined) {
+  if (event.error) {
     next.error = event.error;
-  } else if (transient && base.state !== event.state) {
-    // A new operation starts: the error of the last one is history.
+    if (event.error !== base.error) {
+      // The hint belongs to the old error; the next poll brings the new one.
+      next.hint = null;
+    }
+  } else if (
+    event.error !== undefined ||
+    (transient && base.state !== event.state)
+  ) {
+    // The server sends "" for "no error"; a new operation also clears
+    // the error of the last one.
     next.error = null;
+    next.hint = null;
   }
   if (event.state === 'running') {
     next.suspended_at = null;
@@ -237,26 +255,34 @@ export function transitionNotice(
   }
   const name = label || current.kernel_id.slice(0, 8);
   const error = current.error ? current.error.trim() : '';
+  const hint = current.hint ? current.hint.trim() : '';
   if (error && error !== (previous.error ?? '').trim()) {
     if (current.state === 'running') {
+      const actions: NoticeAction[] = ['retry-suspend'];
+      if (/snapshot/i.test(hint) && !/not wired/i.test(error + hint)) {
+        actions.push('suspend-snapshot');
+      }
+      actions.push('doctor');
       return {
         type: 'error',
         message:
-          `Could not suspend ${name}: ${truncate(error, 300)} ` +
-          'The kernel keeps running and nothing was lost. ' +
-          'Retry, try the portable snapshot engine, or run `gpucr doctor` ' +
-          'on the server to see what this machine supports.',
-        actions: ['retry-suspend', 'suspend-snapshot', 'doctor']
+          `Suspend of ${name} failed; the kernel keeps running. ` +
+          `${sentence(truncate(error, 300))} ` +
+          (hint ||
+            'Retry when the kernel is idle, or see what works on this ' +
+              'server (`gpucr doctor`).'),
+        actions
       };
     }
     if (current.state === 'suspended') {
       return {
         type: 'error',
         message:
-          `Could not restore ${name}: ${truncate(error, 300)} ` +
-          'The checkpoint is kept. Retry, restore on another GPU, ' +
-          'or restart the kernel to start fresh.',
-        actions: ['retry-resume', 'resume-other-gpu', 'open-panel']
+          `Restore of ${name} failed; its checkpoint is kept. ` +
+          `${sentence(truncate(error, 300))} ` +
+          (hint ||
+            'Retry, restore on another GPU, or restart the kernel to start fresh.'),
+        actions: ['retry-resume', 'resume-other-gpu']
       };
     }
   }
@@ -265,6 +291,7 @@ export function transitionNotice(
   if (was === now) {
     return null;
   }
+  const took = formatSeconds(current.timings?.total);
   if (now === 'suspended' && (was === 'suspending' || was === 'running')) {
     const size = current.checkpoint?.size;
     const engine = current.checkpoint?.engine ?? current.engine;
@@ -276,8 +303,9 @@ export function transitionNotice(
       type: 'success',
       message:
         `${name} was suspended to disk` +
+        (took ? ` in ${took}` : '') +
         (details.length ? ` (${details.join(', ')})` : '') +
-        '. Its GPU memory is free. Run a cell or click Resume to bring it back.',
+        '. Its memory is free. Run a cell or click Resume to bring it back.',
       actions: []
     };
   }
@@ -286,7 +314,10 @@ export function transitionNotice(
     const where = gpu ? `on GPU ${gpu.index} (${gpu.name})` : 'on the CPU';
     return {
       type: 'success',
-      message: `${name} was restored ${where}. Its variables are back.`,
+      message:
+        `${name} was restored ${where}` +
+        (took ? ` in ${took}` : '') +
+        '. Its variables are back.',
       actions: []
     };
   }
@@ -305,6 +336,12 @@ export function transitionNotice(
     };
   }
   return null;
+}
+
+/** End `text` with a full stop unless it ends with punctuation already. */
+export function sentence(text: string): string {
+  const t = text.trim();
+  return !t || /[.!?…:)]$/.test(t) ? t : `${t}.`;
 }
 
 /** A short name for a kernel: its notebook's file name, or its id. */

@@ -5,6 +5,12 @@
  * plain Node.js.
  */
 
+/**
+ * A point in time: an ISO 8601 string, or seconds since the epoch (the
+ * server sends floats from `time.time()`).
+ */
+export type Timestamp = string | number;
+
 /** The lifecycle of a kernel as the server reports it. */
 export type KernelStateName =
   'running' | 'suspending' | 'suspended' | 'restoring';
@@ -27,7 +33,7 @@ export type Phase =
 export interface ICheckpointSummary {
   id: string;
   size: number | null;
-  created: string | null;
+  created: Timestamp | null;
   engine: EngineName | string | null;
   gpu_model: string | null;
 }
@@ -55,8 +61,13 @@ export interface IKernelState {
   checkpoint: ICheckpointSummary | null;
   gpu: IKernelGpu | null;
   progress: IProgress | null;
-  suspended_at: string | null;
+  suspended_at: Timestamp | null;
+  /** Message of the last failed operation. */
   error: string | null;
+  /** What the user can do about `error` (server's hint), if known. */
+  hint?: string | null;
+  /** Seconds per step of the last operation, e.g. `{"total": 2.3}`. */
+  timings?: { [step: string]: number } | null;
 }
 
 /** `GET /api/gpucr/checkpoints` items. */
@@ -64,7 +75,7 @@ export interface ICheckpoint {
   id: string;
   name: string;
   kernel_id: string | null;
-  created: string | null;
+  created: Timestamp | null;
   size: number | null;
   engine: EngineName | string | null;
   gpu_model: string | null;

@@ -6,6 +6,7 @@ import {
   formatBytes,
   formatDuration,
   formatProgress,
+  formatSeconds,
   formatSince,
   parseTime,
   phaseLabel,
@@ -67,6 +68,21 @@ describe('formatSince', () => {
     assert.equal(formatSince('2026-11-30T18:10:30Z', now), 'just now');
     assert.equal(formatSince(null, now), '');
     assert.equal(formatSince('not a date', now), '');
+  });
+  it('parses epoch seconds, milliseconds and numeric strings', () => {
+    const t = Date.parse('2026-11-30T18:00:00Z');
+    assert.equal(parseTime(t / 1000)?.getTime(), t);
+    assert.equal(parseTime(t)?.getTime(), t);
+    assert.equal(parseTime(String(t / 1000))?.getTime(), t);
+    assert.equal(parseTime(0), null);
+    assert.equal(formatSince(t / 1000 - 300, new Date(t)), '5 min ago');
+  });
+  it('formats operation durations', () => {
+    assert.equal(formatSeconds(0.84), '0.8 s');
+    assert.equal(formatSeconds(2.345), '2.3 s');
+    assert.equal(formatSeconds(45), '45 s');
+    assert.equal(formatSeconds(200), '3 min 20 s');
+    assert.equal(formatSeconds(undefined), '');
   });
   it('parses ISO times', () => {
     assert.equal(

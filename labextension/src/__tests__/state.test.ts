@@ -100,6 +100,17 @@ describe('describeKernelState', () => {
     assert.equal(d.kind, 'suspended');
     assert.match(d.title, /5\.0 GiB, criu/);
   });
+  it('reads server times in seconds since the epoch', () => {
+    const d = describeKernelState(
+      kernel({
+        state: 'suspended',
+        checkpoint: { ...CHECKPOINT, created: 1796061600 },
+        suspended_at: Date.parse('2026-11-30T18:05:00Z') / 1000
+      }),
+      NOW
+    );
+    assert.equal(d.label, 'Suspended · 5.0 GiB on disk · 5 min ago');
+  });
   it('shows a suspended kernel whose checkpoint size is unknown', () => {
     const d = describeKernelState(kernel({ state: 'suspended' }), NOW);
     assert.equal(d.label, 'Suspended');
@@ -199,6 +210,29 @@ describe('mergeEvent', () => {
     });
     assert.equal(next.error, null);
   });
+  it('reads an empty error as no error', () => {
+    const next = mergeEvent(kernel({ error: 'old', hint: 'do this' }), {
+      kernel_id: kernel().kernel_id,
+      state: 'suspended',
+      phase: 'done',
+      error: ''
+    });
+    assert.equal(next.error, null);
+    assert.equal(next.hint, null);
+  });
+  it('drops the hint of an older error', () => {
+    const next = mergeEvent(
+      kernel({ state: 'suspending', error: null, hint: 'stale' }),
+      {
+        kernel_id: kernel().kernel_id,
+        state: 'running',
+        phase: 'failed',
+        error: 'new'
+      }
+    );
+    assert.equal(next.error, 'new');
+    assert.equal(next.hint, null);
+  });
   it('creates a state for an unknown kernel', () => {
     const next = mergeEvent(undefined, {
       kernel_id: 'k2',
@@ -279,14 +313,42 @@ describe('transitionNotice', () => {
     assert.equal(n?.type, 'error');
     assert.match(
       n!.message,
-      /Could not suspend Train\.ipynb: CRIU is not installed/
+      /^Suspend of Train\.ipynb failed; the kernel keeps running\. CRIU is not installed\. Retry/
     );
-    assert.match(n!.message, /keeps running/);
+    assert.match(n!.message, /gpucr doctor/);
+    assert.deepEqual(n!.actions, ['retry-suspend', 'doctor']);
+  });
+  it("uses the server's hint as what to do", () => {
+    const n = transitionNotice(
+      kernel({ state: 'suspending' }),
+      kernel({
+        state: 'running',
+        error: 'CRIU cannot dump a kernel with an open TCP connection.',
+        hint: 'Close the connection, or use the snapshot engine.'
+      }),
+      label
+    );
+    assert.match(
+      n!.message,
+      /open TCP connection\. Close the connection, or use the snapshot engine\.$/
+    );
     assert.deepEqual(n!.actions, [
       'retry-suspend',
       'suspend-snapshot',
       'doctor'
     ]);
+  });
+  it('says how long an operation took', () => {
+    const n = transitionNotice(
+      kernel({ state: 'suspending' }),
+      kernel({
+        state: 'suspended',
+        checkpoint: CHECKPOINT,
+        timings: { total: 2.34 }
+      }),
+      label
+    );
+    assert.match(n!.message, /suspended to disk in 2\.3 s \(5\.0 GiB, criu\)/);
   });
   it('explains a failed restore and offers what to do', () => {
     const n = transitionNotice(
@@ -295,11 +357,13 @@ describe('transitionNotice', () => {
       label
     );
     assert.equal(n?.type, 'error');
-    assert.match(n!.message, /checkpoint is kept/);
+    assert.match(
+      n!.message,
+      /^Restore of Train\.ipynb failed; its checkpoint is kept\. no GPU with 80 GiB free\. Retry/
+    );
     assert.deepEqual(n!.actions, [
       'retry-resume',
-      'resume-other-gpu',
-      'open-panel'
+      'resume-other-gpu'
     ]);
   });
   it('does not repeat the same error', () => {

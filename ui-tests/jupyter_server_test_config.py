@@ -1,0 +1,53 @@
+"""Jupyter server configuration for the jupyter-gpucr UI tests.
+
+!! Never use this configuration in production: it turns off authentication
+and exposes the JupyterLab application object to the page.
+
+- token off, XSRF checks off, a temporary root directory (galata's defaults);
+- port from GPUCR_UI_PORT (default 8899, so a developer's 8888 is left alone);
+- the UI built in this checkout (jupyter_gpucr/labextension) is served ahead
+  of any copy installed in the environment, so the tests always see the
+  current build;
+- the gpucr server extension enabled, with its checkpoints in a temporary
+  directory (GPUCR_UI_STORE overrides).
+"""
+import os
+import tempfile
+from pathlib import Path
+
+from jupyterlab.galata import configure_jupyter_server
+
+configure_jupyter_server(c)  # noqa: F821
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+c.ServerApp.port = int(os.environ.get("GPUCR_UI_PORT", "8899"))  # noqa: F821
+c.ServerApp.ip = "127.0.0.1"  # noqa: F821
+c.ServerApp.allow_root = True  # noqa: F821  (CI and the CRIU engine run as root)
+
+# Serve this checkout's build first (then galata's helper extension).
+_labext = REPO / "jupyter_gpucr" / "labextension"
+_extra = [str(Path(c.LabServerApp.extra_labextensions_path))]  # noqa: F821
+if (_labext / "package.json").exists():
+    _linkdir = Path(tempfile.mkdtemp(prefix="gpucr-labext-"))
+    (_linkdir / "jupyter-gpucr").symlink_to(_labext)
+    _extra.insert(0, str(_linkdir))
+c.LabServerApp.extra_labextensions_path = _extra  # noqa: F821
+
+# The gpucr server extension (also enabled by its jupyter-config file when
+# installed; explicit here so that a checkout on PYTHONPATH works too).
+c.ServerApp.jpserver_extensions = {"jupyter_gpucr": True}  # noqa: F821
+
+_store = os.environ.get("GPUCR_UI_STORE") or tempfile.mkdtemp(prefix="gpucr-ui-store-")
+os.environ["GPUCR_STORE"] = _store
+c.GPUCR.store = _store  # noqa: F821
+# Stopping the test server must not suspend the test kernels into the store.
+c.GPUCR.suspend_on_stop = False  # noqa: F821
+
+# Kernels get their own IPython directory: the default ~/.ipython/profile_default/history.sqlite
+# is shared by every IPython on the machine, and CRIU refuses to restore a kernel whose open
+# files changed size while it was on disk (another kernel wrote history meanwhile).
+os.environ["IPYTHONDIR"] = os.environ.get("GPUCR_UI_IPYTHONDIR") or tempfile.mkdtemp(prefix="gpucr-ui-ipython-")
+
+c.ServerApp.log_level = os.environ.get("GPUCR_UI_LOG_LEVEL", "INFO")  # noqa: F821

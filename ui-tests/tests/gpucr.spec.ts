@@ -1,0 +1,195 @@
+/**
+ * End to end against the real server extension: a notebook's kernel is
+ * suspended with the toolbar button, its process is gone, running a cell
+ * brings it back with its variables, and its checkpoint is deleted from the
+ * side panel.
+ */
+import { expect, test } from '@jupyterlab/galata';
+import type { Page } from '@playwright/test';
+import * as fs from 'fs';
+import * as path from 'path';
+
+const SHOTS = path.resolve(__dirname, '..', 'test-results', 'screenshots');
+
+async function shot(page: Page, name: string, locator?: any): Promise<void> {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  const file = path.join(SHOTS, `${name}.png`);
+  await (locator ?? page).screenshot({ path: file });
+}
+
+/**
+ * PIDs of this machine's processes that run the kernel: their command line
+ * names its connection file `kernel-<id>.json`.
+ */
+function kernelPids(kernelId: string): number[] {
+  const pids: number[] = [];
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) {
+      continue;
+    }
+    let cmdline = '';
+    try {
+      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+    } catch {
+      continue; // exited meanwhile
+    }
+    if (cmdline.includes(`kernel-${kernelId}.json`)) {
+      pids.push(Number(entry));
+    }
+  }
+  return pids;
+}
+
+async function currentKernelId(page: Page): Promise<string> {
+  await page.waitForFunction(
+    () =>
+      !!(window as any).jupyterapp.shell.currentWidget?.sessionContext?.session
+        ?.kernel?.id
+  );
+  return page.evaluate(
+    () =>
+      (window as any).jupyterapp.shell.currentWidget.sessionContext.session
+        .kernel.id
+  );
+}
+
+test.describe('gpucr with the real server extension', () => {
+  test.skip(
+    !fs.existsSync('/proc/self/cmdline'),
+    'needs /proc to check for the kernel process'
+  );
+
+  test('suspend, transparent restore on run, delete the checkpoint', async ({
+    page
+  }) => {
+    const name = 'suspend-me.ipynb';
+    await page.notebook.createNew(name);
+    await page.notebook.setCell(0, 'code', 'x = 42');
+    await page.notebook.run();
+    const kernelId = await currentKernelId(page);
+
+    const status = page.locator('.jp-gpucr-Status');
+    await expect(status).toHaveAttribute('data-state', 'running');
+    // No GPU here: the kernel runs on the CPU (on a GPU box: "GPU 0 · …").
+    await expect(status).toContainText(/CPU|GPU \d/);
+    const before = kernelPids(kernelId);
+    expect(before.length).toBeGreaterThan(0);
+
+    // Suspend with the toolbar button, confirm once.
+    const button = page
+      .locator(
+        '.jp-NotebookPanel-toolbar [data-jp-item-name="gpucr-suspend"] :is(button, jp-button)'
+      )
+      .first();
+    await expect(button).toBeVisible();
+    await button.click();
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText('Suspend kernel to disk?');
+    await dialog.getByRole('button', { name: 'Suspend' }).click();
+
+    await expect(status).toHaveAttribute('data-state', 'suspended', {
+      timeout: 120000
+    });
+    await expect(status).toContainText(/Suspended · .* on disk/);
+    await expect(
+      page
+        .locator('.Toastify__toast')
+        .filter({ hasText: 'was suspended to disk' })
+    ).toBeVisible();
+    await shot(page, 'real-suspended');
+
+    // The server says so, and the kernel's processes are gone.
+    const response = await page.request.get(`/api/gpucr/kernels/${kernelId}`);
+    expect(response.ok()).toBeTruthy();
+    const state = await response.json();
+    expect(state.state).toBe('suspended');
+    expect(state.checkpoint?.id).toBeTruthy();
+    const checkpointId: string = state.checkpoint.id;
+    expect(kernelPids(kernelId)).toEqual([]);
+    for (const pid of before) {
+      expect(fs.existsSync(`/proc/${pid}`)).toBe(false);
+    }
+
+    // The side panel lists the suspended kernel and its checkpoint.
+    await status.click();
+    const panel = page.locator('#jp-gpucr-panel');
+    await expect(panel).toBeVisible();
+    await expect(
+      panel.locator(`.jp-gpucr-Kernel[data-kernel-id="${kernelId}"]`)
+    ).toContainText(name);
+    const item = panel.locator(
+      `.jp-gpucr-Checkpoint[data-checkpoint-id="${checkpointId}"]`
+    );
+    await expect(item).toContainText(name);
+    await shot(page, 'real-panel-suspended');
+
+    // Running a cell restores the kernel transparently, variables intact;
+    // meanwhile the status bar says "Restoring…" (record every state it shows).
+    await page.evaluate(() => {
+      const seen: string[] = [];
+      (window as any).__gpucrStates = seen;
+      const record = () => {
+        const state = document
+          .querySelector('.jp-gpucr-Status')
+          ?.getAttribute('data-state');
+        if (state && seen[seen.length - 1] !== state) {
+          seen.push(state);
+        }
+      };
+      record();
+      new MutationObserver(record).observe(document.body, {
+        subtree: true,
+        childList: true,
+        attributes: true,
+        attributeFilter: ['data-state']
+      });
+    });
+    await page.notebook.addCell('code', 'print(x)');
+    const printCell = (await page.notebook.getCellCount()) - 1;
+    await page.notebook.runCell(printCell);
+    await expect
+      .poll(
+        async () =>
+          (await page.notebook.getCellTextOutput(printCell))?.join(''),
+        {
+          timeout: 120000
+        }
+      )
+      .toContain('42');
+    await expect(status).toHaveAttribute('data-state', 'running', {
+      timeout: 60000
+    });
+    expect(kernelPids(kernelId).length).toBeGreaterThan(0);
+    const restored = await (
+      await page.request.get(`/api/gpucr/kernels/${kernelId}`)
+    ).json();
+    expect(restored.state).toBe('running');
+    const seen: string[] = await page.evaluate(
+      () => (window as any).__gpucrStates
+    );
+    expect(seen).toEqual(['suspended', 'restoring', 'running']);
+    await shot(page, 'real-restored');
+
+    // The checkpoint stays on disk after the restore; delete it.
+    await expect(item).toBeVisible();
+    await item.locator('button.jp-gpucr-delete').click();
+    await expect(dialog).toContainText('Delete checkpoint?');
+    await dialog.getByRole('button', { name: 'Delete' }).click();
+    await expect(item).toHaveCount(0);
+    const checkpoints = await (
+      await page.request.get('/api/gpucr/checkpoints')
+    ).json();
+    expect(checkpoints.map((c: any) => c.id)).not.toContain(checkpointId);
+
+    // The kernel still runs and still has x.
+    await page.notebook.activate(name);
+    await page.notebook.addCell('code', 'print(x + 1)');
+    const lastCell = (await page.notebook.getCellCount()) - 1;
+    await page.notebook.runCell(lastCell);
+    await expect
+      .poll(async () =>
+        (await page.notebook.getCellTextOutput(lastCell))?.join('')
+      )
+      .toContain('43');
+  });
+});
