@@ -226,17 +226,17 @@ class KernelSuspender:
 
         client = km.client()
         client.start_channels()
-        info = trim = None
+        info = report = None
         try:
             reply = await client.kernel_info(reply=True, timeout=10)
             info = reply["content"]
             if trim and self.config.trim_before_suspend:
-                trim = await snapshot.prepare_suspend(client, timeout=60)
+                report = await snapshot.prepare_suspend(client, timeout=60)
         except Exception as e:
             self.log.warning("gpucr: kernel did not trim before suspend: %s", e)
         finally:
             client.stop_channels()
-        return info, trim
+        return info, report
 
     async def _kernel_record(self, kernel_id: str, km: Any, kernel_info: dict[str, Any] | None) -> dict[str, Any]:
         sessions = await self.kernel_manager.sessions_of(kernel_id)

@@ -61,6 +61,7 @@ async def test_suspend_then_websocket_restores_with_state(jp_fetch, jp_ws_fetch,
 
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert st["state"] == "suspended" and st["checkpoint"]["size"] > 100 << 20
+    assert st["engine"] == "criu" and st["trim"]["reserved_after"] == 0, st["trim"]  # trimmed first (no GPU here)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert kid in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
     assert (await fetch_json(jp_fetch, "api", "kernels", kid))["id"] == kid
