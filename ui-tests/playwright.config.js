@@ -39,6 +39,7 @@ module.exports = {
         '--disable-gpu',
         '--disable-dev-shm-usage',
         '--disable-background-networking',
+        '--disable-quic',
         '--disable-component-update',
         '--disable-sync',
         '--no-first-run'

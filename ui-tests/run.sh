@@ -13,7 +13,8 @@
 #   4. builds the JupyterLab extension when labextension/ is newer than jupyter_gpucr/labextension,
 #   5. starts `jupyter lab --config ui-tests/jupyter_server_test_config.py` (token off, a temporary
 #      root dir and checkpoint store, gpucr enabled) on 127.0.0.1:$GPUCR_UI_PORT (default 8899),
-#   6. runs `playwright test`, stops the server, and leaves screenshots in
+#   6. runs the extension's unit tests (`jlpm test` in labextension/: node's test runner), then
+#      `playwright test`, stops the server, and leaves screenshots in
 #      ui-tests/test-results/screenshots, the HTML report in ui-tests/test-results/report and the
 #      server log in ui-tests/test-results/jupyter-server.log.
 set -euo pipefail
@@ -70,6 +71,17 @@ if [ ! -f "$BUILT" ] || [ -n "$(find "$EXT/src" "$EXT/style" "$EXT/schema" "$EXT
     say "building the JupyterLab extension"
     (cd "$EXT" && jlpm build >"$EXT/build.log" 2>&1) || { tail -30 "$EXT/build.log"; fail "jlpm build in labextension"; }
 fi
+
+# 4b. unit tests of the extension's logic (formatting, state labels, events, notifications)
+if needs_install "$EXT"; then
+    (cd "$EXT" && jlpm install >"$EXT/jlpm-install.log" 2>&1 && touch node_modules/.yarn-state.yml) \
+        || { tail -30 "$EXT/jlpm-install.log"; fail "jlpm install in labextension"; }
+fi
+unit_rc=0
+say "unit tests (labextension: jlpm test)"
+(cd "$EXT" && jlpm test >"$EXT/unit-tests.log" 2>&1) || unit_rc=1
+grep -E '^# (tests|pass|fail) |^ *not ok|error TS' "$EXT/unit-tests.log" || true
+[ "$unit_rc" -eq 0 ] || { tail -40 "$EXT/unit-tests.log"; say "unit tests FAILED (log: $EXT/unit-tests.log)"; }
 say "ready to start the server ($(since))"
 
 # 5. server
@@ -117,5 +129,6 @@ say "server up at $url (pid $SERVER_PID, log $RESULTS/jupyter-server.log) ($(sin
 # 6. tests
 rc=0
 (cd "$HERE" && npx playwright test "$@") || rc=$?
-say "tests finished with exit code $rc in $(since); screenshots: $RESULTS/screenshots"
+say "UI tests finished with exit code $rc in $(since); screenshots: $RESULTS/screenshots"
+[ "$rc" -ne 0 ] || rc=$unit_rc
 exit $rc

@@ -34,7 +34,7 @@ export function connectNotifications(options: {
         };
       case 'suspend-snapshot':
         return {
-          label: 'Use snapshot engine',
+          label: 'Try snapshot',
           caption:
             'Suspend with the portable snapshot engine (the kernel saves its own variables; no CRIU needed)',
           callback: () =>
@@ -62,7 +62,7 @@ export function connectNotifications(options: {
         };
       case 'doctor':
         return {
-          label: 'What works here?',
+          label: 'Diagnose',
           caption: 'Open the checkpoints panel and its doctor report',
           displayType: 'link',
           callback: () => {
@@ -73,7 +73,7 @@ export function connectNotifications(options: {
       case 'open-panel':
       default:
         return {
-          label: 'Show checkpoints',
+          label: 'Checkpoints',
           displayType: 'link',
           callback: () => void commands.execute(CommandIDs.openPanel)
         };

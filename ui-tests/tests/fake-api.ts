@@ -35,6 +35,8 @@ export class FakeGpucr {
     readonly notebookPath: string
   ) {
     GPU.kernels = [kernelId];
+    GPU.memory_used = 6170000000;
+    GPU.memory_free = GPU.memory_total - GPU.memory_used;
   }
 
   kernelState(): any {

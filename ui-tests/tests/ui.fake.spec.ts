@@ -130,7 +130,9 @@ test.describe('gpucr UI (fake API)', () => {
     await expect(status).toHaveAttribute('data-state', 'running', {
       timeout: 15000
     });
-    await button.first().click();
+    // Keyboard shortcut (Accel Alt S) in the notebook, no dialog any more.
+    await page.notebook.selectCells(0);
+    await page.keyboard.press('Control+Alt+s');
     await expect(status).toHaveAttribute('data-state', 'suspending');
     await expect(dialog).toHaveCount(0);
     await expect(status).toHaveAttribute('data-state', 'suspended', {
@@ -169,11 +171,12 @@ test.describe('gpucr UI (fake API)', () => {
       timeout: 15000
     });
 
-    await page.evaluate(() =>
-      (window as any).jupyterapp.commands.execute('gpucr:suspend', {
-        confirm: false
-      })
-    );
+    // From the Kernel menu this time.
+    await page.menu.clickMenuItem('Kernel>Suspend Kernel to Disk');
+    await page
+      .locator('.jp-Dialog')
+      .getByRole('button', { name: 'Suspend' })
+      .click();
     const toast = page
       .locator('.Toastify__toast')
       .filter({ hasText: 'Suspend of fails.ipynb failed' });
@@ -185,7 +188,7 @@ test.describe('gpucr UI (fake API)', () => {
       /Close the connection and retry/
     );
     await expect(
-      toast.getByRole('button', { name: 'Use snapshot engine' })
+      toast.getByRole('button', { name: 'Try snapshot' })
     ).toBeVisible();
     await expect(status).toHaveAttribute('data-state', 'running');
     await expect(status).toContainText('⚠ suspend failed');
@@ -193,7 +196,7 @@ test.describe('gpucr UI (fake API)', () => {
 
     // "Use snapshot engine" retries with engine=snapshot.
     fake.suspendError = null;
-    await toast.getByRole('button', { name: 'Use snapshot engine' }).click();
+    await toast.getByRole('button', { name: 'Try snapshot' }).click();
     await expect(status).toHaveAttribute('data-state', 'suspended', {
       timeout: 15000
     });

@@ -361,10 +361,7 @@ describe('transitionNotice', () => {
       n!.message,
       /^Restore of Train\.ipynb failed; its checkpoint is kept\. no GPU with 80 GiB free\. Retry/
     );
-    assert.deepEqual(n!.actions, [
-      'retry-resume',
-      'resume-other-gpu'
-    ]);
+    assert.deepEqual(n!.actions, ['retry-resume', 'resume-other-gpu']);
   });
   it('does not repeat the same error', () => {
     const failed = kernel({ error: 'boom' });
