@@ -14,6 +14,7 @@ from typing import Any
 from .checkpointer import Checkpointer
 from .doctor import report, run_checks
 from .errors import GPUCRError
+from .server_client import call, find_server
 
 
 def _size(n: int | None) -> str:
@@ -35,21 +36,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="checkpoint store directory (default $GPUCR_STORE or ~/.local/share/jupyter-gpucr)")
     p.add_argument("--criu", help="path to the criu binary")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    # --json works before or after the subcommand (gpucr --json ls, gpucr ls --json)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("doctor", help="what works on this machine, and how to fix what does not")
-    s = sub.add_parser("run", help="start a process so that it can be checkpointed later")
+
+    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    s = add("doctor", help="what works on this machine, and how to fix what does not")
+    s = add("run", help="start a process so that it can be checkpointed later")
     s.add_argument("--name", required=True)
     s.add_argument("--cwd")
     s.add_argument("command", nargs=argparse.REMAINDER)
-    s = sub.add_parser("checkpoint", help="checkpoint a process (by default it is gone afterwards, its GPU free)")
+    s = add("checkpoint", help="checkpoint a process (by default it is gone afterwards, its GPU free)")
     s.add_argument("target", help="NAME or PID")
     s.add_argument("--leave-running", action="store_true")
-    s = sub.add_parser("restore", help="restore a process from its latest checkpoint")
+    s = add("restore", help="restore a process from its latest checkpoint")
     s.add_argument("name")
     s.add_argument("--gpu", default="auto", help="auto, a GPU index or a UUID")
     s.add_argument("--checkpoint", help="a specific checkpoint id")
-    sub.add_parser("ls", help="list processes and checkpoints")
-    s = sub.add_parser("rm", help="remove a checkpoint id, or a name with all its checkpoints")
+    add("ls", help="list processes and checkpoints")
+    s = add("kernel", help="suspend, resume or list the kernels of a running Jupyter server")
+    s.add_argument("action", choices=["ls", "suspend", "resume"])
+    s.add_argument("kernel_id", nargs="?")
+    s.add_argument("--engine", choices=["auto", "criu", "snapshot"], help="suspend with this engine")
+    s.add_argument("--gpu", help="resume onto auto, a GPU index or a UUID")
+    s.add_argument("--server", help="server URL (default: the running server found in the runtime dir)")
+    s.add_argument("--token", help="API token (default: the found server's)")
+    s = add("rm", help="remove a checkpoint id, or a name with all its checkpoints")
     s.add_argument("target")
     s.add_argument("--kill", action="store_true", help="also stop the process if it is running")
     return p
@@ -72,6 +87,8 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         lines = [f"{'OK' if c['ok'] else ('NO' if c['required'] else '--'):3} {c['name']:24} {c['detail']}"
                  + (f"\n    fix: {c['fix']}" if c["fix"] and not c["ok"] else "") for c in rep["checks"]]
         return rep, "\n".join(lines)
+    if args.cmd == "kernel":
+        return _kernel_command(args)
     cr = Checkpointer(args.store, criu_path=args.criu)
     if args.cmd == "run":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -95,6 +112,23 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         removed = cr.remove(args.target, kill=args.kill)
         return {"removed": removed}, f"Removed {args.target!r} ({len(removed)} checkpoint(s))."
     raise AssertionError(args.cmd)
+
+
+def _kernel_command(args: argparse.Namespace) -> tuple[Any, str]:
+    url, token = find_server(args.server, args.token)
+    if args.action == "ls":
+        states = call(url, token, "api/gpucr/kernels")
+        lines = [f"{s['kernel_id']}  {s['state']:10} {s.get('engine') or '-':8} "
+                 f"{_size((s.get('checkpoint') or {}).get('size'))}" for s in states]
+        return states, "\n".join(lines) or "No kernels."
+    if not args.kernel_id:
+        raise GPUCRError(f"'gpucr kernel {args.action}' needs a kernel id.", "List them with 'gpucr kernel ls'.")
+    body = {"engine": args.engine} if args.action == "suspend" and args.engine else (
+        {"gpu": args.gpu} if args.action == "resume" and args.gpu else {})
+    st = call(url, token, f"api/gpucr/kernels/{args.kernel_id}/{args.action}", "POST", body)
+    lost = ", ".join(x["name"] for x in st.get("lost", []))
+    return st, (f"Kernel {st['kernel_id']} is {st['state']} (engine {st.get('engine')}: {st.get('engine_reason')})"
+                + (f"; not kept: {lost}" if lost else "") + ".")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,3 +151,30 @@ async def test_sigterm_suspends_all_and_next_server_restores(tmp_path):
         ws.close()
     finally:
         second.sigterm()
+
+
+async def test_cli_suspends_a_server_kernel_with_the_snapshot_engine(tmp_path):
+    criu_or_skip()
+    root = tmp_path / "root"
+    root.mkdir()
+    server = RealServer(root, tmp_path / "store", tmp_path / "server.log")
+    try:
+        await server.wait_ready()
+        kid = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
+        ws = await server.ws(kid)
+        await execute(ws, "v = [1, 2, 3]")
+        cli = [sys.executable, "-m", "jupyter_gpucr.cli", "kernel"]
+        auth = ["--server", server.url, "--token", "secret-token"]
+        out = await asyncio.to_thread(subprocess.run, [*cli, "suspend", kid, "--engine", "snapshot", *auth],
+                                      capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert "is suspended (engine snapshot: requested)" in out.stdout
+        listed = await asyncio.to_thread(subprocess.run, [*cli, "ls", "--json", *auth], capture_output=True, text=True)
+        assert [s["state"] for s in json.loads(listed.stdout)] == ["suspended"]
+        _, text, _ = await execute(ws, "print(sum(v))")
+        assert text.strip().splitlines()[-1] == "6"
+        bad = await asyncio.to_thread(subprocess.run, [*cli, "resume", "nope", *auth], capture_output=True, text=True)
+        assert bad.returncode == 1 and "No kernel nope" in bad.stderr
+        ws.close()
+    finally:
+        server.sigterm()
