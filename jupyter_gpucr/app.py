@@ -2,7 +2,6 @@
 REST handlers together. Configuration lives in :class:`jupyter_gpucr.config.GPUCR`."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp

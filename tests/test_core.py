@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.errors import BusyError, CheckpointDamagedError, EngineError, PreconditionError
+from jupyter_gpucr.errors import BusyError, CheckpointDamagedError, EngineError
 from jupyter_gpucr.locks import exclusive
 
 from .conftest import agent_command, ask, wait_for_line

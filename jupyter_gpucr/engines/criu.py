@@ -55,7 +55,7 @@ def explain_log(log: Path) -> CriuFailure:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return CriuFailure("CRIU wrote no log", "Run 'gpucr doctor'.")
-    errors = [l for l in lines if "Error" in l and not any(h in l for h in _HARMLESS)]
+    errors = [line for line in lines if "Error" in line and not any(h in line for h in _HARMLESS)]
     text = "\n".join(errors) or "\n".join(lines[-5:])
     hint = next((h for pat, h in _HINTS if re.search(pat, text)), f"See the CRIU log {log}.")
     first = errors[0] if errors else (lines[-1] if lines else "no output")
