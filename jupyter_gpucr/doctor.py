@@ -47,7 +47,7 @@ def _check_criu(criu_path: str | None) -> list[Check]:
     ]
 
 
-def _check_privileges() -> Check:
+def check_privileges() -> Check:
     caps = _effective_caps()
     if os.geteuid() == 0 and caps & (1 << CAP_SYS_ADMIN):
         return Check("privileges", True, "root with CAP_SYS_ADMIN")
@@ -87,7 +87,7 @@ def _check_gpu() -> list[Check]:
 
 def run_checks(store: Store | None = None, criu_path: str | None = None) -> list[Check]:
     store = store or Store()
-    checks = _check_criu(criu_path) + [_check_privileges()]
+    checks = _check_criu(criu_path) + [check_privileges()]
     for tool in ("unshare", "nsenter"):
         path = shutil.which(tool)
         checks.append(Check(tool, bool(path), path or "missing", "" if path else "Install util-linux."))

@@ -187,9 +187,9 @@ class KernelSuspender:
         except GPUCRError as e:
             return e.message
         if os.geteuid() != 0:
-            from .doctor import _check_privileges
+            from .doctor import check_privileges
 
-            check = _check_privileges()
+            check = check_privileges()
             if not check.ok:
                 return f"no checkpoint privileges ({check.detail})"
         return None
