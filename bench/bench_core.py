@@ -96,6 +96,7 @@ def main() -> None:
     ap.add_argument("--no-raw", action="store_true")
     args = ap.parse_args()
     store = Path(args.store or tempfile.mkdtemp(prefix="gpucr-bench-"))
+    cuda.unavailable_reason()  # cuInit once, outside every timed round (a server does it at start)
     kinds = [("cpu", args.cpu_gb)] + ([("gpu", args.gpu_gb)] if gpus.list_gpus() and not cuda.unavailable_reason() else [])
     rows = []
     for kind, size in kinds:

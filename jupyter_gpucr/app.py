@@ -2,12 +2,14 @@
 REST handlers together. Configuration lives in :class:`jupyter_gpucr.config.GPUCR`."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 
 from .config import GPUCR
+from .engines import cuda
 from .errors import GPUCRError
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
@@ -41,6 +43,8 @@ class GPUCRApp(ExtensionApp):
         self.handlers.extend(handlers())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        # Initialise the CUDA driver (where there is one) now, not during the first suspend.
+        asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
         await self._adopt_suspended_kernels()
         if self.options.idle_timeout > 0:
             self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * self.options.idle_check_interval)
