@@ -42,11 +42,24 @@ class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         env = kwargs.get("env") or os.environ.copy()
         cwd = kwargs.get("cwd") or os.getcwd()
+        cmd = self._private_history(cmd)
         running = await asyncio.to_thread(
             self.checkpointer.run, self.kernel_id, cmd, cwd=str(cwd), env=env, detach=False)
         self.adopt(running.started)
         self.cwd = cwd
         return self.connection_info
+
+    def _private_history(self, cmd: list[str]) -> list[str]:
+        """Give an IPython kernel its own history database in its store directory.
+
+        IPython kernels share ``~/.ipython/profile_default/history.sqlite`` and keep it open; when
+        another kernel writes to it while this one is suspended, CRIU refuses the restore
+        (the file changed size). A database of its own changes only when this kernel runs.
+        """
+        if not any("ipykernel" in part for part in cmd) or any("HistoryManager.hist_file" in p for p in cmd):
+            return cmd
+        history = self.checkpointer.store.proc_dir(self.kernel_id) / "history.sqlite"
+        return [*cmd, f"--HistoryManager.hist_file={history}"]
 
     def adopt(self, started: Started | None) -> None:
         """Track a (re)started kernel: the holder's Popen for reaping, the kernel's PID for signals."""

@@ -123,10 +123,17 @@ class RestoringWebsocketConnection(ZMQChannelsWebsocketConnection):
 
     # -- sleep and wake (called by the kernel manager) -------------------------------------
     def sleep(self) -> None:
-        """The kernel is being suspended: drop the ZeroMQ sockets, keep the websocket."""
+        """The kernel is being suspended: drop the ZeroMQ sockets, keep the websocket.
+
+        The client's last status may be the ``busy`` of the server's own trim request, whose
+        ``idle`` will not arrive any more: say ``idle`` so the notebook does not show busy."""
         if self._dormant:
             return
         self._dormant = True
+        try:
+            self._send({"execution_state": "idle"}, "status", "iopub", None)
+        except Exception:  # the websocket may be closing at the same moment
+            pass
         self.multi_kernel_manager.remove_restart_callback(self.kernel_id, self.on_kernel_restarted)
         self.multi_kernel_manager.remove_restart_callback(self.kernel_id, self.on_restart_failed, "dead")
         for stream in self.channels.values():

@@ -187,3 +187,21 @@ async def test_snapshot_engine_through_the_server(jp_fetch, jp_ws_fetch, jp_serv
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
     assert st["state"] == "running" and st["kernel_id"] == kid
     ws.close()
+
+
+async def test_kernels_do_not_share_a_history_file(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """Another kernel writing IPython history while one is suspended must not break its restore."""
+    first = (await new_session(jp_fetch, "one.ipynb"))["kernel"]["id"]
+    second = (await new_session(jp_fetch, "two.ipynb"))["kernel"]["id"]
+    ws1, ws2 = await open_ws(jp_ws_fetch, first, "s1"), await open_ws(jp_ws_fetch, second, "s2")
+    await execute(ws1, "k = 'first'")
+    _, hist, _ = await execute(ws1, "print(get_ipython().history_manager.hist_file)")
+    _, hist2, _ = await execute(ws2, "print(get_ipython().history_manager.hist_file)")
+    assert hist.strip() != hist2.strip() and first in hist
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", first, "suspend", method="POST", body={})
+    for i in range(20):
+        await execute(ws2, f"h{i} = {i}")
+    _, out, _ = await execute(ws1, "print(k)")
+    assert out.strip().splitlines()[-1] == "first"
+    ws1.close()
+    ws2.close()
