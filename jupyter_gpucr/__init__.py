@@ -22,3 +22,7 @@ def _jupyter_server_extension_points() -> list[dict[str, object]]:
     from .app import GPUCRApp
 
     return [{"module": "jupyter_gpucr.app", "app": GPUCRApp}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "jupyter-gpucr"}]
