@@ -81,6 +81,8 @@ class DigestWhileWriting:
         self._thread.join()
 
     def _run(self) -> None:
+        # Lowest CPU priority: the dump must never wait for its own checksums.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while not self._stop.wait(0.05):
             for p in [p for p in self.root.glob("*.img") if p.is_file()]:
                 chunks = self._done.setdefault(p, [])
