@@ -27,7 +27,7 @@ from .engines.criu import Criu, explain_log
 from .errors import CheckpointDamagedError, EngineError, GPUCRError, IncompatibleCheckpointError, PreconditionError, StateError
 from .launcher import Started, start_holder
 from .locks import exclusive
-from .procs import in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
+from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
 from .store import Checkpoint, Store, dir_size
 
 Progress = Callable[[str, int, int], None]
@@ -339,8 +339,6 @@ class Checkpointer:
         raise AssertionError("unreachable")
 
     def _restore_gpu(self, started: Started, cuda_ns_pids: list[int], gpu_map: dict[str, str]) -> None:
-        from .procs import find_descendant_by_ns_pid
-
         host_pids = [find_descendant_by_ns_pid(started.holder_pid, p) for p in cuda_ns_pids]
         try:
             for p in host_pids:

@@ -19,6 +19,10 @@ from jupyter_events import EventLogger
 
 from . import gpus
 from .checkpointer import Checkpointer
+from .doctor import check_privileges
+from .engines import snapshot
+from .procs import tree
+from .provisioner import GPUCRProvisioner
 from .config import GPUCR
 from .errors import GPUCRError, NotFoundError, PreconditionError, StateError
 from .kernel_snapshots import KernelSnapshots
@@ -96,8 +100,6 @@ class KernelSuspender:
         pid = getattr(self.kernel_manager.get_kernel(kernel_id).provisioner, "kernel_pid", None)
         if not pid or not gpus.nvml_ready():
             return None
-        from .procs import tree
-
         try:
             used = gpus.gpus_of(tree(pid))
         except Exception:
@@ -178,8 +180,6 @@ class KernelSuspender:
         return "criu", "whole process (CRIU + CUDA driver) available"
 
     def _criu_problem(self, km: Any) -> str | None:
-        from .provisioner import GPUCRProvisioner
-
         if not isinstance(km.provisioner, GPUCRProvisioner):
             return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
         try:
@@ -187,8 +187,6 @@ class KernelSuspender:
         except GPUCRError as e:
             return e.message
         if os.geteuid() != 0:
-            from .doctor import check_privileges
-
             check = check_privileges()
             if not check.ok:
                 return f"no checkpoint privileges ({check.detail})"
@@ -222,8 +220,6 @@ class KernelSuspender:
     async def _prepare_kernel(self, km: Any, trim: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Ask the kernel for its kernel_info (served from cache while it is suspended) and to
         trim itself; neither may block a suspend, so failures only log."""
-        from .engines import snapshot
-
         client = km.client()
         client.start_channels()
         info = report = None
@@ -315,8 +311,6 @@ class KernelSuspender:
 
     async def _notify_kernel(self, km: Any, suspended_at: float | None, gpu: dict[str, Any] | None, engine: str,
                              lost: list[dict[str, Any]]) -> None:
-        from .engines import snapshot
-
         client = km.client()
         client.start_channels()
         try:
@@ -382,8 +376,6 @@ class KernelSuspender:
 
     def kernels_by_pid(self) -> dict[int, str]:
         """Host PIDs of running kernels' process trees, for GPU listings."""
-        from .procs import tree
-
         out: dict[int, str] = {}
         for kernel_id in self.kernel_manager.list_kernel_ids():
             pid = getattr(self.kernel_manager.get_kernel(kernel_id).provisioner, "kernel_pid", None)
