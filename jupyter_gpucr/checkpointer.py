@@ -32,6 +32,10 @@ from .store import Checkpoint, Store, dir_size
 
 Progress = Callable[[str, int, int], None]
 
+# A restore reads the whole image (CRIU restored ~2 GB/s here); the wait also ends as soon as the
+# holder exits, so a generous bound only matters for a hung CRIU.
+RESTORE_TIMEOUT = 3600.0
+
 
 def _no_progress(phase: str, done: int, total: int) -> None:
     pass
@@ -328,7 +332,8 @@ class Checkpointer:
             pidfile.unlink(missing_ok=True)
             started = start_holder(["restore", f"--pidfile={pidfile}", "--",
                                     *self.criu.restore_argv(images, workdir, pidfile)],
-                                   d / ".status", detach=detach, log_path=d / "holder.log")
+                                   d / ".status", detach=detach, log_path=d / "holder.log",
+                                   timeout=RESTORE_TIMEOUT)
             if started is not None:
                 return started
             failure = explain_log(workdir / "restore.log")
