@@ -9,8 +9,12 @@ and exposes the JupyterLab application object to the page.
   of any copy installed in the environment, so the tests always see the
   current build;
 - the gpucr server extension enabled, with its checkpoints in a temporary
-  directory (GPUCR_UI_STORE overrides).
+  directory (GPUCR_UI_STORE overrides);
+- JupyterLab's user settings in a temporary directory: tests that turn galata's
+  in-memory settings off (mockSettings: false) write real settings there, never
+  into ~/.jupyter. JupyterLab's news and update checks are off in it.
 """
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -49,5 +53,13 @@ c.GPUCR.suspend_on_stop = False  # noqa: F821
 # is shared by every IPython on the machine, and CRIU refuses to restore a kernel whose open
 # files changed size while it was on disk (another kernel wrote history meanwhile).
 os.environ["IPYTHONDIR"] = os.environ.get("GPUCR_UI_IPYTHONDIR") or tempfile.mkdtemp(prefix="gpucr-ui-ipython-")
+
+# User settings: a temporary directory, with JupyterLab's news/update prompts off (the
+# toast asking about news would cover the UI under test).
+_settings = Path(tempfile.mkdtemp(prefix="gpucr-ui-settings-"))
+(_settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+(_settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+    json.dumps({"checkForUpdates": False, "fetchNews": "false"}))
+c.LabApp.user_settings_dir = str(_settings)  # noqa: F821
 
 c.ServerApp.log_level = os.environ.get("GPUCR_UI_LOG_LEVEL", "INFO")  # noqa: F821

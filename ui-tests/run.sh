@@ -2,7 +2,7 @@
 # Run the jupyter-gpucr UI tests (Galata / Playwright) against a real Jupyter server.
 #
 #   bash ui-tests/run.sh                 # all tests
-#   bash ui-tests/run.sh -g 'real'       # extra arguments go to `playwright test`
+#   bash ui-tests/run.sh -g 'refused'    # extra arguments go to `playwright test`
 #
 # From a fresh clone, after `bash scripts/setup.sh` (which makes .venv with jupyterlab and
 # jupyter-gpucr installed). This script:

@@ -5,53 +5,16 @@
  * side panel.
  */
 import { expect, test } from '@jupyterlab/galata';
-import type { Page } from '@playwright/test';
 import * as fs from 'fs';
-import * as path from 'path';
 
-const SHOTS = path.resolve(__dirname, '..', 'test-results', 'screenshots');
-
-async function shot(page: Page, name: string, locator?: any): Promise<void> {
-  fs.mkdirSync(SHOTS, { recursive: true });
-  const file = path.join(SHOTS, `${name}.png`);
-  await (locator ?? page).screenshot({ path: file });
-}
-
-/**
- * PIDs of this machine's processes that run the kernel: their command line
- * names its connection file `kernel-<id>.json`.
- */
-function kernelPids(kernelId: string): number[] {
-  const pids: number[] = [];
-  for (const entry of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) {
-      continue;
-    }
-    let cmdline = '';
-    try {
-      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-    } catch {
-      continue; // exited meanwhile
-    }
-    if (cmdline.includes(`kernel-${kernelId}.json`)) {
-      pids.push(Number(entry));
-    }
-  }
-  return pids;
-}
-
-async function currentKernelId(page: Page): Promise<string> {
-  await page.waitForFunction(
-    () =>
-      !!(window as any).jupyterapp.shell.currentWidget?.sessionContext?.session
-        ?.kernel?.id
-  );
-  return page.evaluate(
-    () =>
-      (window as any).jupyterapp.shell.currentWidget.sessionContext.session
-        .kernel.id
-  );
-}
+import {
+  currentKernelId,
+  kernelPids,
+  recordStatus,
+  seenStatus,
+  shot,
+  suspendButton
+} from './helpers';
 
 test.describe('gpucr with the real server extension', () => {
   test.skip(
@@ -76,11 +39,7 @@ test.describe('gpucr with the real server extension', () => {
     expect(before.length).toBeGreaterThan(0);
 
     // Suspend with the toolbar button, confirm once.
-    const button = page
-      .locator(
-        '.jp-NotebookPanel-toolbar [data-jp-item-name="gpucr-suspend"] :is(button, jp-button)'
-      )
-      .first();
+    const button = suspendButton(page);
     await expect(button).toBeVisible();
     await button.click();
     const dialog = page.locator('.jp-Dialog');
@@ -125,25 +84,7 @@ test.describe('gpucr with the real server extension', () => {
 
     // Running a cell restores the kernel transparently, variables intact;
     // meanwhile the status bar says "Restoring…" (record every state it shows).
-    await page.evaluate(() => {
-      const seen: string[] = [];
-      (window as any).__gpucrStates = seen;
-      const record = () => {
-        const state = document
-          .querySelector('.jp-gpucr-Status')
-          ?.getAttribute('data-state');
-        if (state && seen[seen.length - 1] !== state) {
-          seen.push(state);
-        }
-      };
-      record();
-      new MutationObserver(record).observe(document.body, {
-        subtree: true,
-        childList: true,
-        attributes: true,
-        attributeFilter: ['data-state']
-      });
-    });
+    await recordStatus(page);
     await page.notebook.addCell('code', 'print(x)');
     const printCell = (await page.notebook.getCellCount()) - 1;
     await page.notebook.runCell(printCell);
@@ -164,10 +105,12 @@ test.describe('gpucr with the real server extension', () => {
       await page.request.get(`/api/gpucr/kernels/${kernelId}`)
     ).json();
     expect(restored.state).toBe('running');
-    const seen: string[] = await page.evaluate(
-      () => (window as any).__gpucrStates
-    );
-    expect(seen).toEqual(['suspended', 'restoring', 'running']);
+    const states = (await seenStatus(page)).map(s => s.state);
+    expect(states.filter((s, i) => s !== states[i - 1])).toEqual([
+      'suspended',
+      'restoring',
+      'running'
+    ]);
     await shot(page, 'real-restored');
 
     // The checkpoint stays on disk after the restore; delete it.
