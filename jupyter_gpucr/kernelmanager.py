@@ -72,12 +72,16 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         return model
 
     # -- around a suspend ----------------------------------------------------------------
-    async def detach_kernel(self, kernel_id: str) -> None:
+    async def detach_kernel(self, kernel_id: str, execution_state: str) -> None:
         """Close every ZeroMQ connection the server holds to the kernel, so the image holds
-        no connection to this server; open websockets stay open, dormant."""
+        no connection to this server; open websockets stay open, dormant.
+
+        ``execution_state`` is the state to report meanwhile: the kernel's own, from before the
+        server's trim request, whose closing ``idle`` the closed activity stream may miss."""
         km = self.get_kernel(kernel_id)
         km.stop_restarter()
         self.stop_watching_activity(kernel_id)
+        km.execution_state = execution_state
         self.stop_buffering(kernel_id)
         for conn in list(RestoringWebsocketConnection.registry.get(kernel_id, ())):
             conn.sleep()

@@ -137,6 +137,7 @@ class KernelSuspender:
             raise StateError(f"Kernel {kernel_id} is busy running code.",
                              "Wait for the cell to finish or interrupt it, then suspend.")
         engine, why = self.choose_engine(km, engine or self.config.engine)
+        execution_state = km.execution_state
         self._busy.add(kernel_id)
         st.state, st.error, st.hint = "suspending", None, None
         try:
@@ -147,9 +148,9 @@ class KernelSuspender:
             extra = {"kernel": await self._kernel_record(kernel_id, km, kernel_info), "reason": reason,
                      "engine_reason": why}
             if engine == "criu":
-                ckpt = await self._suspend_criu(kernel_id, km, reason, extra, st)
+                ckpt = await self._suspend_criu(kernel_id, km, reason, extra, st, execution_state)
             else:
-                ckpt = await self._suspend_snapshot(kernel_id, km, extra, st)
+                ckpt = await self._suspend_snapshot(kernel_id, km, extra, st, execution_state)
         except GPUCRError as e:
             st.state, st.error, st.hint = "running", e.message, e.hint
             self._emit(st, "failed")
@@ -193,8 +194,8 @@ class KernelSuspender:
         return None
 
     async def _suspend_criu(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any],
-                            st: KernelState) -> Checkpoint:
-        await self.kernel_manager.detach_kernel(kernel_id)
+                            st: KernelState, execution_state: str) -> Checkpoint:
+        await self.kernel_manager.detach_kernel(kernel_id, execution_state)
         try:
             ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra,
                                            self._progress_callback(st))
@@ -205,10 +206,11 @@ class KernelSuspender:
         await km.provisioner.cleanup(restart=True)
         return ckpt
 
-    async def _suspend_snapshot(self, kernel_id: str, km: Any, extra: dict[str, Any], st: KernelState) -> Checkpoint:
+    async def _suspend_snapshot(self, kernel_id: str, km: Any, extra: dict[str, Any], st: KernelState,
+                                execution_state: str) -> Checkpoint:
         self._emit(st, "dumping")
         ckpt = await self.snapshots.save(km, kernel_id, extra)  # the kernel still runs if this fails
-        await self.kernel_manager.detach_kernel(kernel_id)
+        await self.kernel_manager.detach_kernel(kernel_id, execution_state)
         await km.shutdown_kernel(now=False, restart=True)
         if hasattr(km.provisioner, "mark_suspended"):
             km.provisioner.mark_suspended()

@@ -96,8 +96,13 @@ async def test_suspend_with_open_tab_and_resume_by_rest(jp_fetch, jp_ws_fetch, j
     ws = await open_ws(jp_ws_fetch, kid)
     await execute(ws, "y = 'kept'")
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert (await fetch_json(jp_fetch, "api", "kernels", kid))["execution_state"] == "idle"
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     assert st["state"] == "running"
+    # idle as before: the server's own trim request must not leave it "busy" (a second suspend works)
+    assert (await fetch_json(jp_fetch, "api", "kernels", kid))["execution_state"] == "idle"
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     reply, out, _ = await execute(ws, "print(y)")  # the tab that stayed open works again
     assert out.strip().splitlines()[-1] == "kept"
     assert "gpucr: restored from disk after" in out  # gpucr_hooks tells the user once
