@@ -254,8 +254,7 @@ test.describe('suspend UI with the real server extension', () => {
       await expect(status).toHaveAttribute('data-state', 'running', {
         timeout: 120000
       });
-      // The variables are back (running a cell here also sets the server's
-      // execution_state right again: see the fixme test below).
+      // The variables are back.
       expect(await runCode(page, 'print(y)')).toContain('42');
 
       // The next suspend (keyboard shortcut, Ctrl Alt S) does not ask.
@@ -281,12 +280,10 @@ test.describe('suspend UI with the real server extension', () => {
     });
   });
 
-  // Server bug, seen with this test: a criu suspend leaves the server's
-  // execution_state of the kernel at "busy" (the kernel's "idle" after the
-  // trim request that precedes the dump is never recorded), so right after a
-  // resume the server refuses the next suspend with 409 "Kernel ... is busy
-  // running code" until a cell runs. Enable once the server is fixed.
-  test.fixme('suspend again right after a resume from the panel', async ({
+  // Regression test: a criu suspend used to leave the server's execution_state
+  // at "busy" (the idle after the server's own trim request was missed), so the
+  // next suspend right after a resume was refused with 409.
+  test('suspend again right after a resume from the panel', async ({
     page
   }) => {
     await page.notebook.createNew('again.ipynb');
