@@ -11,7 +11,7 @@ import type { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { timeValue } from './format';
-import { isTransient, mergeEvent, stateChanged } from './state';
+import { emptyState, isTransient, mergeEvent, stateChanged } from './state';
 import {
   ICheckpoint,
   IDoctorReport,
@@ -367,7 +367,7 @@ export class GpucrModel implements IDisposable {
     this._inflight.set(kernelId, 'suspend');
     const previous = this._kernels.get(kernelId);
     this._setState(kernelId, {
-      ...(previous ?? Private.emptyState(kernelId)),
+      ...(previous ?? emptyState(kernelId)),
       state: 'suspending',
       progress: null,
       error: null
@@ -395,7 +395,7 @@ export class GpucrModel implements IDisposable {
     this._inflight.set(kernelId, 'resume');
     const previous = this._kernels.get(kernelId);
     this._setState(kernelId, {
-      ...(previous ?? Private.emptyState(kernelId)),
+      ...(previous ?? emptyState(kernelId)),
       state: 'restoring',
       progress: null,
       error: null
@@ -521,7 +521,7 @@ export class GpucrModel implements IDisposable {
     }
     const previous = this._kernels.get(kernelId);
     const base = state ?? {
-      ...(previous ?? Private.emptyState(kernelId)),
+      ...(previous ?? emptyState(kernelId)),
       state: fallback,
       progress: null
     };
@@ -622,21 +622,6 @@ export namespace GpucrModel {
 }
 
 namespace Private {
-  export function emptyState(kernelId: string): IKernelState {
-    return {
-      kernel_id: kernelId,
-      state: 'running',
-      engine: null,
-      checkpoint: null,
-      gpu: null,
-      progress: null,
-      suspended_at: null,
-      error: null,
-      hint: null,
-      timings: null
-    };
-  }
-
   /** Fill in the optional fields so that states compare reliably. */
   export function normalize(
     kernelId: string,

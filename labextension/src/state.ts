@@ -30,6 +30,25 @@ export interface IStatusDescription {
 }
 
 /** States in which an operation is in flight. */
+/** A kernel state with nothing known yet but its id and state. */
+export function emptyState(
+  kernelId: string,
+  state: KernelStateName = 'running'
+): IKernelState {
+  return {
+    kernel_id: kernelId,
+    state,
+    engine: null,
+    checkpoint: null,
+    gpu: null,
+    progress: null,
+    suspended_at: null,
+    error: null,
+    hint: null,
+    timings: null
+  };
+}
+
 export function isTransient(
   state: KernelStateName | null | undefined
 ): boolean {
@@ -165,18 +184,8 @@ export function mergeEvent(
   previous: IKernelState | undefined,
   event: IKernelStateEvent
 ): IKernelState {
-  const base: IKernelState = previous ?? {
-    kernel_id: event.kernel_id,
-    state: event.state,
-    engine: null,
-    checkpoint: null,
-    gpu: null,
-    progress: null,
-    suspended_at: null,
-    error: null,
-    hint: null,
-    timings: null
-  };
+  const base: IKernelState =
+    previous ?? emptyState(event.kernel_id, event.state);
   const transient = isTransient(event.state);
   const hasProgress =
     !!event.phase ||
