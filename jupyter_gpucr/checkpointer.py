@@ -21,10 +21,10 @@ from typing import Any, Callable
 import psutil
 
 from . import __version__, gpus
-from .checksums import DigestWhileWriting, find_mismatches
+from .checksums import DigestWhileWriting
 from .engines import cuda
 from .engines.criu import Criu, explain_log
-from .errors import CheckpointDamagedError, EngineError, GPUCRError, IncompatibleCheckpointError, PreconditionError, StateError
+from .errors import EngineError, GPUCRError, IncompatibleCheckpointError, PreconditionError, StateError
 from .launcher import Started, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
@@ -176,15 +176,17 @@ class Checkpointer:
                 timings["gpu_free"] = time.perf_counter() - t0
             progress("dumping", 0, estimate)
             with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests:
-                timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running)
+                timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running,
+                                            keep_log=self.store.proc_dir(name) / "dump-failed.log")
         except BaseException as e:
             problems = cuda.put_back(locked)
             self.store.discard(tmp)
             if problems:
                 raise EngineError(f"{e} Putting the GPU state back also failed: {'; '.join(problems)}",
                                   "The process may be stuck; check it with nvidia-smi.") from e
-            if isinstance(e, GPUCRError):
-                e.message += " The process was left running."
+            if isinstance(e, GPUCRError):  # say what became of the process, checked, not assumed
+                e.message += (" The process was left running." if is_alive(pid)
+                              else " The process did not survive it; its in-memory state is lost.")
             raise
         if leave_running:
             cuda.put_back(locked)
@@ -290,11 +292,7 @@ class Checkpointer:
                                         "Free host memory and try again. The checkpoint is kept.")
         if self.verify:
             progress("verifying", 0, ckpt.size)
-            problems = find_mismatches(ckpt.images, ckpt.manifest["files"])
-            if problems:
-                raise CheckpointDamagedError(
-                    f"Checkpoint {ckpt.id} is damaged: {'; '.join(problems[:5])}.",
-                    f"It was kept at {ckpt.path} for inspection. Restore an older checkpoint or start fresh.")
+            ckpt.verify("images")
         timings = {"verify": time.perf_counter() - t0}
         progress("restoring", 0, ckpt.size)
         t1 = time.perf_counter()

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 # Workload PIDs start above this, so CRIU and its helpers (low PIDs in a fresh namespace)
 # never take a PID the restored tree needs.
@@ -75,15 +76,23 @@ def _criu_restore(args: argparse.Namespace) -> int | None:
         return int(f.read().strip())
 
 
+def _others_in_namespace() -> bool:
+    """Processes of this namespace that are not our children: a CRIU entered with nsenter."""
+    return any(entry.isdigit() and entry != "1" for entry in os.listdir("/proc"))
+
+
 def _reap_until_empty(main: int) -> int:
-    """Reap every child (adopted orphans too); exit with the main process's status."""
+    """Reap every child (adopted orphans too) and exit with the main process's status once the
+    namespace is empty. Exiting earlier would kill, with the namespace, a CRIU that dumped the
+    process and is still finishing: its checkpoint would be complete but reported as failed."""
     code = 0
     while True:
         try:
             pid, status = os.wait()
         except ChildProcessError:
-            return code
-        except InterruptedError:
+            if not _others_in_namespace():
+                return code
+            time.sleep(0.02)
             continue
         if pid == main:
             code = os.waitstatus_to_exitcode(status)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .checksums import digest_tree, find_mismatches
+from .checksums import digest_tree
 from .engines import snapshot
-from .errors import CheckpointDamagedError, EngineError
+from .errors import EngineError
 from .store import Checkpoint, Store
 
 PAYLOAD = "snapshot"
@@ -59,13 +59,6 @@ class KernelSnapshots:
             raise
         self.store.apply_retention(kernel_id, self.keep_last, self.max_bytes)
         return ckpt
-
-    def verify(self, ckpt: Checkpoint) -> None:
-        problems = find_mismatches(ckpt.path / PAYLOAD, ckpt.manifest["files"])
-        if problems:
-            raise CheckpointDamagedError(
-                f"Checkpoint {ckpt.id} is damaged: {'; '.join(problems[:5])}.",
-                f"It was kept at {ckpt.path}. Start a fresh kernel, or restore an older checkpoint.")
 
     async def load(self, km: Any, ckpt: Checkpoint, device: str | None) -> dict[str, Any]:
         """Load the snapshot into the (fresh, running) kernel behind ``km``."""

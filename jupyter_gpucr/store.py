@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import NotFoundError
+from .checksums import find_mismatches
+from .errors import CheckpointDamagedError, NotFoundError
 from .names import validate_name
 
 MANIFEST = "manifest.json"
@@ -96,6 +97,14 @@ class Checkpoint:
     @property
     def images(self) -> Path:
         return self.path / "images"
+
+    def verify(self, payload: str) -> None:
+        """Refuse a damaged checkpoint before anything is restored from it; it stays on disk."""
+        problems = find_mismatches(self.path / payload, self.manifest["files"])
+        if problems:
+            raise CheckpointDamagedError(
+                f"Checkpoint {self.id} is damaged: {'; '.join(problems[:5])}.",
+                f"It was kept at {self.path} for inspection. Restore an older checkpoint or start fresh.")
 
     def summary(self) -> dict[str, Any]:
         m = self.manifest

@@ -25,7 +25,7 @@ from .procs import tree
 from .provisioner import GPUCRProvisioner
 from .config import GPUCR
 from .errors import GPUCRError, NotFoundError, PreconditionError, StateError
-from .kernel_snapshots import KernelSnapshots
+from .kernel_snapshots import PAYLOAD as SNAPSHOT_PAYLOAD, KernelSnapshots
 from .store import Checkpoint, Store
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ class KernelSuspender:
     async def _resume_snapshot(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str,
                                st: KernelState) -> dict[str, float]:
         t0 = time.perf_counter()
-        await asyncio.to_thread(self.snapshots.verify, ckpt)
+        await asyncio.to_thread(ckpt.verify, SNAPSHOT_PAYLOAD)
         if hasattr(km.provisioner, "suspended"):
             km.provisioner.suspended = False
         await km.start_kernel(**(km._launch_args or {}))

@@ -50,16 +50,19 @@ class CriuFailure:
     hint: str
 
 
-def explain_log(log: Path) -> CriuFailure:
+def explain_log(log: Path, returncode: int | None = None, stderr: str = "") -> CriuFailure:
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        lines = log.read_text(errors="replace").splitlines() + stderr.splitlines()
     except OSError:
-        return CriuFailure("CRIU wrote no log", "Run 'gpucr doctor'.")
-    errors = [line for line in lines if "Error" in line and not any(h in line for h in _HARMLESS)]
+        lines = stderr.splitlines()
+    lines = [line for line in lines if not any(h in line for h in _HARMLESS)]
+    errors = [line for line in lines if "Error" in line]
     text = "\n".join(errors) or "\n".join(lines[-5:])
     hint = next((h for pat, h in _HINTS if re.search(pat, text)), f"See the CRIU log {log}.")
-    first = errors[0] if errors else (lines[-1] if lines else "no output")
-    return CriuFailure(re.sub(r"^\(\s*[\d.]+\)\s*", "", first).strip(), hint)
+    if errors:
+        return CriuFailure(re.sub(r"^\(\s*[\d.]+\)\s*", "", errors[0]).strip(), hint)
+    how = (f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}") if returncode else "failed"
+    return CriuFailure(f"CRIU stopped ({how}) without reporting an error", hint)
 
 
 def find_criu(explicit: str | None = None) -> str | None:
@@ -109,10 +112,12 @@ class Criu:
         out = (proc.stdout + proc.stderr).strip()
         return proc.returncode == 0 and "Looks good" in out, out
 
-    def dump(self, pid: int, images: Path, workdir: Path, leave_running: bool = False) -> float:
+    def dump(self, pid: int, images: Path, workdir: Path, leave_running: bool = False,
+             keep_log: Path | None = None) -> float:
         """Dump the tree rooted at host PID ``pid`` into ``images``; return the seconds it took.
 
-        On failure CRIU resumes the tree, so the process keeps running; we raise with the reason.
+        On failure CRIU resumes the tree, so the process keeps running; we raise with the reason,
+        and CRIU's log is copied to ``keep_log`` (the work directory is discarded).
         """
         argv = [self.path, "dump", "-D", str(images), "-W", str(workdir), "-o", "dump.log", *COMMON_OPTS, *DUMP_OPTS]
         if leave_running:
@@ -125,8 +130,15 @@ class Criu:
         proc = subprocess.run(argv, capture_output=True, text=True)
         elapsed = time.perf_counter() - start
         if proc.returncode != 0:
-            failure = explain_log(workdir / "dump.log")
-            raise EngineError(f"CRIU could not dump process {pid}: {failure.line}", failure.hint)
+            failure = explain_log(workdir / "dump.log", proc.returncode, proc.stderr)
+            hint = failure.hint
+            if keep_log is not None and (workdir / "dump.log").exists():
+                try:  # best effort: the disk may be the very thing that is full
+                    shutil.copyfile(workdir / "dump.log", keep_log)
+                    hint = f"{hint} CRIU's log: {keep_log}."
+                except OSError:
+                    pass
+            raise EngineError(f"CRIU could not dump process {pid}: {failure.line}", hint)
         return elapsed
 
     def restore_argv(self, images: Path, workdir: Path, pidfile: Path) -> list[str]:
