@@ -43,8 +43,13 @@ class GPUCRHandler(APIHandler):
         self.set_status(e.status)
         self.finish(json.dumps({**e.to_dict(), "reason": e.hint}))
 
-    def kernel_state(self, kernel_id: str) -> dict[str, Any]:
-        return self.service.state(kernel_id).to_dict()
+    async def kernel_state(self, kernel_id: str) -> dict[str, Any]:
+        state = self.service.state(kernel_id).to_dict()
+        if state["checkpoint"]:  # the notebook may have been renamed since the suspend
+            sessions = await self.service.kernel_manager.sessions_of(kernel_id)
+            if sessions:
+                state["checkpoint"]["notebook_path"] = sessions[0]["path"]
+        return state
 
 
 class KernelsHandler(GPUCRHandler):
@@ -52,7 +57,7 @@ class KernelsHandler(GPUCRHandler):
     @authorized
     async def get(self) -> None:
         km = self.service.kernel_manager
-        self.finish(json.dumps([self.kernel_state(k) for k in km.list_kernel_ids()]))
+        self.finish(json.dumps([await self.kernel_state(k) for k in km.list_kernel_ids()]))
 
 
 class KernelHandler(GPUCRHandler):
@@ -60,7 +65,7 @@ class KernelHandler(GPUCRHandler):
     @authorized
     async def get(self, kernel_id: str) -> None:
         try:
-            self.finish(json.dumps(self.kernel_state(kernel_id)))
+            self.finish(json.dumps(await self.kernel_state(kernel_id)))
         except GPUCRError as e:
             self.fail(e)
 
@@ -89,7 +94,7 @@ class CheckpointsHandler(GPUCRHandler):
     @authorized
     async def get(self) -> None:
         store = self.service.checkpointer.store
-        self.finish(json.dumps([c.summary() for c in store.list_checkpoints()]))
+        self.finish(json.dumps([await self.service.checkpoint_summary(c) for c in store.list_checkpoints()]))
 
 
 class CheckpointHandler(GPUCRHandler):
@@ -97,7 +102,8 @@ class CheckpointHandler(GPUCRHandler):
     @authorized
     async def get(self, checkpoint_id: str) -> None:
         try:
-            self.finish(json.dumps(self.service.checkpointer.store.get(checkpoint_id).summary()))
+            ckpt = self.service.checkpointer.store.get(checkpoint_id)
+            self.finish(json.dumps(await self.service.checkpoint_summary(ckpt)))
         except GPUCRError as e:
             self.fail(e)
 

@@ -359,6 +359,17 @@ class KernelSuspender:
                     failures[k] = f"not finished within the stop budget of {self.config.stop_budget:.0f} s"
         return failures
 
+    async def checkpoint_summary(self, ckpt: Checkpoint) -> dict[str, Any]:
+        """A checkpoint as the REST API shows it: the notebook path is the kernel's session path
+        now, not at suspend time (the notebook may have been renamed since)."""
+        summary = ckpt.summary()
+        kernel_id = summary.get("kernel_id")
+        if kernel_id and kernel_id in self.kernel_manager:
+            sessions = await self.kernel_manager.sessions_of(kernel_id)
+            if sessions:
+                summary["notebook_path"] = sessions[0]["path"]
+        return summary
+
     async def delete_checkpoint(self, checkpoint_id: str) -> None:
         """Delete a checkpoint; the last one of a suspended kernel is that kernel, so deleting
         it shuts the kernel down (the UI asks first)."""

@@ -210,3 +210,16 @@ async def test_kernels_do_not_share_a_history_file(jp_fetch, jp_ws_fetch, jp_ser
     assert out.strip().splitlines()[-1] == "first"
     ws1.close()
     ws2.close()
+
+
+async def test_checkpoint_listing_follows_a_renamed_notebook(jp_fetch, jp_ws_fetch, jp_serverapp):
+    session = await new_session(jp_fetch, "before.ipynb")
+    kid = session["kernel"]["id"]
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    await fetch_json(jp_fetch, "api", "sessions", session["id"], method="PATCH", body={"path": "after.ipynb"})
+    listed = [c for c in await fetch_json(jp_fetch, "api", "gpucr", "checkpoints") if c["kernel_id"] == kid]
+    assert [c["notebook_path"] for c in listed] == ["after.ipynb"]
+    one = await fetch_json(jp_fetch, "api", "gpucr", "checkpoints", listed[0]["id"])
+    assert one["notebook_path"] == "after.ipynb"
+    state = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert state["checkpoint"]["notebook_path"] == "after.ipynb"
