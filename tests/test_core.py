@@ -198,3 +198,17 @@ def test_missing_criu_is_a_clear_error(store_dir, tmp_path):
     assert "CRIU is not installed" in res.stderr and "install-criu.sh" in res.stderr
     assert ask(hello["port"])["checksum"] == hello["checksum"]
     Checkpointer(store_dir).remove("nocriu", kill=True)
+
+
+def test_namespace_outlives_its_process_while_criu_works_in_it(criu_path, store_dir):
+    """The holder must not tear the namespace down when its process dies while another program
+    (CRIU, entered with nsenter) still runs in it: CRIU kills the process it dumped, then finishes."""
+    cr = Checkpointer(store_dir)
+    running = cr.run("ns", ["sleep", "60"])
+    visitor = subprocess.Popen(["nsenter", "-t", str(running.pid), "-p", "-m", "--", "sleep", "1.5"])
+    time.sleep(0.3)
+    os.kill(running.pid, 9)  # what CRIU does to the dumped tree before it exits
+    time.sleep(0.5)
+    assert visitor.poll() is None, "the visitor was killed with the namespace"
+    assert visitor.wait(timeout=10) == 0
+    running.started.popen.wait(timeout=10)  # and then the holder exits
