@@ -45,10 +45,8 @@ class GPUCRHandler(APIHandler):
 
     async def kernel_state(self, kernel_id: str) -> dict[str, Any]:
         state = self.service.state(kernel_id).to_dict()
-        if state["checkpoint"]:  # the notebook may have been renamed since the suspend
-            sessions = await self.service.kernel_manager.sessions_of(kernel_id)
-            if sessions:
-                state["checkpoint"]["notebook_path"] = sessions[0]["path"]
+        if state["checkpoint"]:
+            await self.service.with_current_path(state["checkpoint"])
         return state
 
 
@@ -94,7 +92,7 @@ class CheckpointsHandler(GPUCRHandler):
     @authorized
     async def get(self) -> None:
         store = self.service.checkpointer.store
-        self.finish(json.dumps([await self.service.checkpoint_summary(c) for c in store.list_checkpoints()]))
+        self.finish(json.dumps([await self.service.with_current_path(c.summary()) for c in store.list_checkpoints()]))
 
 
 class CheckpointHandler(GPUCRHandler):
@@ -103,7 +101,7 @@ class CheckpointHandler(GPUCRHandler):
     async def get(self, checkpoint_id: str) -> None:
         try:
             ckpt = self.service.checkpointer.store.get(checkpoint_id)
-            self.finish(json.dumps(await self.service.checkpoint_summary(ckpt)))
+            self.finish(json.dumps(await self.service.with_current_path(ckpt.summary())))
         except GPUCRError as e:
             self.fail(e)
 

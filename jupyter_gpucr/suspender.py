@@ -359,10 +359,9 @@ class KernelSuspender:
                     failures[k] = f"not finished within the stop budget of {self.config.stop_budget:.0f} s"
         return failures
 
-    async def checkpoint_summary(self, ckpt: Checkpoint) -> dict[str, Any]:
-        """A checkpoint as the REST API shows it: the notebook path is the kernel's session path
-        now, not at suspend time (the notebook may have been renamed since)."""
-        summary = ckpt.summary()
+    async def with_current_path(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint summary as the REST API shows it: the notebook path is the kernel's
+        session path now, not at suspend time (the notebook may have been renamed since)."""
         kernel_id = summary.get("kernel_id")
         if kernel_id and kernel_id in self.kernel_manager:
             sessions = await self.kernel_manager.sessions_of(kernel_id)
