@@ -12,7 +12,7 @@ States (cells run with history, as a notebook would):
   unkeepable  ``model`` + a generator, an open file (written to) and a lock
 
 Methods, each restoring into a fresh kernel (its start is not counted):
-  snapshot    ``jupyter_gpucr.engines.snapshot.save`` in the kernel, ``load`` in a fresh one
+  snapshot    ``jupyter_gpucr.server.kernel_rpc.save`` in the kernel, ``load`` in a fresh one
   dill        ``dill.dump_module(path)`` run in the kernel, ``dill.load_module(path)`` in a fresh one
   kishu       Kishu (``kishu.init_kishu``) commits after every cell: its per-cell overhead is the cell
               time with Kishu minus the same cell without; restore is ``_kishu.checkout(head)`` in a
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 
-from jupyter_gpucr.engines import snapshot  # noqa: E402
+from jupyter_gpucr.server import kernel_rpc as snapshot  # noqa: E402
 
 HOOKS_DIR = Path(__file__).resolve().parents[1] / "kernel_hooks"
 METHODS = ("snapshot", "dill", "kishu")

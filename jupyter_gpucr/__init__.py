@@ -8,20 +8,18 @@ For agent frameworks::
     cr.checkpoint("worker")                               # process gone, GPU free
     cr.restore("worker", gpu="auto")                      # back, on a GPU with room
 """
-__version__ = "0.1.0"
-
-from .checkpointer import Checkpointer, Running  # noqa: E402
-from .errors import GPUCRError  # noqa: E402
-from .store import Checkpoint, Store  # noqa: E402
+from ._version import __version__
+from .core.checkpointer import Checkpointer, Running
+from .core.errors import GPUCRError
+from .core.store import Checkpoint, Store
 
 __all__ = ["Checkpointer", "Checkpoint", "GPUCRError", "Running", "Store", "__version__"]
 
 
-
 def _jupyter_server_extension_points() -> list[dict[str, object]]:
-    from .app import GPUCRApp
+    from .server.app import GPUCRApp
 
-    return [{"module": "jupyter_gpucr.app", "app": GPUCRApp}]
+    return [{"module": "jupyter_gpucr.server.app", "app": GPUCRApp}]
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -12,11 +12,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # Entry points of this package without building it (the kernel provisioner is found through them).
 mkdir -p "$SITE/jupyter_gpucr-0.1.0.dist-info"
 printf 'Metadata-Version: 2.1\nName: jupyter-gpucr\nVersion: 0.1.0\n' > "$SITE/jupyter_gpucr-0.1.0.dist-info/METADATA"
-printf '[jupyter_client.kernel_provisioners]\ngpucr-provisioner = jupyter_gpucr.provisioner:GPUCRProvisioner\n' \
+printf '[jupyter_client.kernel_provisioners]\ngpucr-provisioner = jupyter_gpucr.server.provisioner:GPUCRProvisioner\n' \
     > "$SITE/jupyter_gpucr-0.1.0.dist-info/entry_points.txt"
 export PYTHONPATH="$SITE:$PWD:$PWD/kernel_hooks" GPUCR_CRIU="$PWD/.venv/bin/criu" PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total,driver_version --format=csv; } | tee "$OUT/machine.txt"
-python3 -m jupyter_gpucr.cli doctor | tee "$OUT/doctor.txt"
+python3 -m jupyter_gpucr.cli.main doctor | tee "$OUT/doctor.txt"
 python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_server.py tests/test_core.py tests/test_snapshot_engine.py} \
     -p no:cacheprovider -q -rs 2>&1 | tee "$OUT/gpu-tests.log"
 for gb in ${BENCH_GB:-2 8}; do

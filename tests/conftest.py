@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.engines.criu import find_criu
+from jupyter_gpucr.core.criu import find_criu
 
 AGENTS = Path(__file__).parent / "agents"
 

@@ -14,14 +14,14 @@ import psutil
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.errors import BusyError, CheckpointDamagedError, EngineError
-from jupyter_gpucr.locks import exclusive
+from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineError
+from jupyter_gpucr.core.locks import exclusive
 
 from .conftest import agent_command, ask, wait_for_line
 
 
 def gpucr(store: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli", "--store", str(store), *args],
+    proc = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli.main", "--store", str(store), *args],
                           capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"gpucr {args} failed: {proc.stdout}{proc.stderr}")

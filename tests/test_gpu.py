@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from jupyter_gpucr import Checkpointer, gpus
-from jupyter_gpucr.engines import cuda
+from jupyter_gpucr import Checkpointer
+from jupyter_gpucr.core import gpus
+from jupyter_gpucr.core import cuda
 
 from .conftest import agent_command, ask, criu_or_skip, wait_for_line
 
@@ -77,11 +78,11 @@ def test_gpu_restore_onto_other_gpu(store_dir):
 def test_gpu_cli_json(store_dir):
     cr = Checkpointer(store_dir)
     hello = start(cr, "gpucli", gib=0.5)
-    out = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli", "--store", str(store_dir), "--json",
+    out = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli.main", "--store", str(store_dir), "--json",
                           "checkpoint", "gpucli"], capture_output=True, text=True, check=True).stdout
     data = json.loads(out)
     assert data["gpus"] and data["gpu_model"].startswith("NVIDIA")
-    out = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli", "--store", str(store_dir), "--json",
+    out = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli.main", "--store", str(store_dir), "--json",
                           "restore", "gpucli", "--gpu", "auto"], capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["gpu_map"]
     assert ask(hello["port"])["checksum"] == hello["checksum"]

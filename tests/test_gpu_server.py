@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpucr import gpus
-from jupyter_gpucr.engines import cuda
+from jupyter_gpucr.core import gpus
+from jupyter_gpucr.core import cuda
 
 from .kernel_ws import execute
 from .test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.errors import IncompatibleCheckpointError, PreconditionError
-from jupyter_gpucr.gpus import Gpu, plan_placement
+from jupyter_gpucr.core.errors import IncompatibleCheckpointError, PreconditionError
+from jupyter_gpucr.core.gpus import Gpu, plan_placement
 
 from .test_core import start_agent
 

@@ -49,7 +49,7 @@ async def test_culling_suspends_instead_of_deleting(jp_fetch, jp_ws_fetch, jp_se
     async def listener(logger, schema_id, data):
         events.append(data)
 
-    from jupyter_gpucr.suspender import EVENT_SCHEMA_ID
+    from jupyter_gpucr.server.service import EVENT_SCHEMA_ID
 
     jp_serverapp.event_logger.add_listener(schema_id=EVENT_SCHEMA_ID, listener=listener)
     session = await new_session(jp_fetch, "idle.ipynb")
@@ -163,7 +163,7 @@ async def test_cli_suspends_a_server_kernel_with_the_snapshot_engine(tmp_path):
         kid = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
         ws = await server.ws(kid)
         await execute(ws, "v = [1, 2, 3]")
-        cli = [sys.executable, "-m", "jupyter_gpucr.cli", "kernel"]
+        cli = [sys.executable, "-m", "jupyter_gpucr.cli.main", "kernel"]
         auth = ["--server", server.url, "--token", "secret-token"]
         out = await asyncio.to_thread(subprocess.run, [*cli, "suspend", kid, "--engine", "snapshot", *auth],
                                       capture_output=True, text=True)

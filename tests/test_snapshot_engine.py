@@ -1,6 +1,6 @@
 """The snapshot engine end to end: real ipykernels started by jupyter_client, no mocks.
 
-Each test drives kernels through ``jupyter_gpucr.engines.snapshot`` exactly as the server
+Each test drives kernels through ``jupyter_gpucr.server.kernel_rpc`` exactly as the server
 does. Tests marked ``gpu`` need PyTorch with CUDA in this environment and are skipped
 without it.
 """
@@ -22,7 +22,7 @@ from gpucr_hooks import format_duration
 from gpucr_hooks.devicemap import DeviceMap
 from jupyter_client.manager import AsyncKernelManager
 
-from jupyter_gpucr.engines import snapshot
+from jupyter_gpucr.server import kernel_rpc as snapshot
 
 pytestmark = pytest.mark.timeout(180)
 

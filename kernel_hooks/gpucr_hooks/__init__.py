@@ -1,7 +1,7 @@
 """Kernel side of jupyter-gpucr, loaded into an IPython kernel (``%load_ext gpucr_hooks``).
 
 The server calls these functions by executing code silently in the kernel (see
-``jupyter_gpucr.engines.snapshot``). Importing this package is cheap: it never imports
+``jupyter_gpucr.server.kernel_rpc``). Importing this package is cheap: it never imports
 torch, CuPy, JAX or NumPy itself, it only uses them when the notebook already has.
 """
 

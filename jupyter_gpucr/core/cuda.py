@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ..errors import EngineError, PreconditionError
+from .errors import EngineError, PreconditionError
 
 try:
     from cuda.bindings import driver as _driver

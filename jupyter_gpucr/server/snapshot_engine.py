@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .checksums import digest_tree
-from .engines import snapshot
-from .errors import EngineError
-from .store import Checkpoint, Store
+from ..core.checksums import digest_tree
+from . import kernel_rpc as snapshot
+from ..core.errors import EngineError
+from ..core.store import Checkpoint, Store
 
 PAYLOAD = "snapshot"
 

@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_events import EventLogger
 
-from . import gpus
-from .checkpointer import Checkpointer
-from .doctor import check_privileges
-from .engines import snapshot
-from .procs import tree
+from ..core import gpus
+from ..core.checkpointer import Checkpointer
+from ..core.privileges import check_privileges
+from . import kernel_rpc
+from ..core.procs import tree
 from .provisioner import GPUCRProvisioner
 from .config import GPUCR
-from .errors import GPUCRError, NotFoundError, PreconditionError, StateError
-from .kernel_snapshots import PAYLOAD as SNAPSHOT_PAYLOAD, KernelSnapshots
-from .store import Checkpoint, Store
+from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
+from .snapshot_engine import PAYLOAD as SNAPSHOT_PAYLOAD, KernelSnapshots
+from ..core.store import Checkpoint, Store
 
 if TYPE_CHECKING:
     from .kernelmanager import GPUCRMappingKernelManager
@@ -229,7 +229,7 @@ class KernelSuspender:
             reply = await client.kernel_info(reply=True, timeout=10)
             info = reply["content"]
             if trim and self.config.trim_before_suspend:
-                report = await snapshot.prepare_suspend(client, timeout=60)
+                report = await kernel_rpc.prepare_suspend(client, timeout=60)
         except Exception as e:
             self.log.warning("gpucr: kernel did not trim before suspend: %s", e)
         finally:
@@ -316,7 +316,7 @@ class KernelSuspender:
         client = km.client()
         client.start_channels()
         try:
-            await snapshot.notify_restored(client, {"suspended_at": suspended_at, "gpu": gpu, "engine": engine, "lost": lost},
+            await kernel_rpc.notify_restored(client, {"suspended_at": suspended_at, "gpu": gpu, "engine": engine, "lost": lost},
                                            timeout=10)
         except Exception as e:
             self.log.debug("gpucr: restored kernel was not notified: %s", e)

@@ -16,7 +16,7 @@ from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager, ServerKernelManager
 from traitlets import default
 
-from .errors import GPUCRError
+from ..core.errors import GPUCRError
 from .websocket import RestoringWebsocketConnection
 
 PROVISIONER = "gpucr-provisioner"
@@ -60,7 +60,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
 
     @default("kernel_manager_class")
     def _default_kernel_manager_class(self) -> str:
-        return "jupyter_gpucr.kernelmanager.GPUCRKernelManager"
+        return "jupyter_gpucr.server.kernelmanager.GPUCRKernelManager"
 
     def _validate_kernel_manager_class(self, proposal: Any) -> Any:
         return proposal.value

@@ -1,38 +1,18 @@
 """``gpucr doctor``: what works on this machine for checkpointing, and how to fix what does not."""
 from __future__ import annotations
 
-import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import psutil
 
-from . import gpus
-from .engines import cuda
-from .engines.criu import Criu
-from .errors import GPUCRError
-from .store import Store
-
-CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE = 21, 19, 40
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    required: bool = True
-
-
-def _effective_caps() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    return 0
-
+from ..core import gpus
+from ..core import cuda
+from ..core.criu import Criu
+from ..core.errors import GPUCRError
+from ..core.privileges import Check, check_privileges
+from ..core.store import Store
 
 def _check_criu(criu_path: str | None) -> list[Check]:
     try:
@@ -45,15 +25,6 @@ def _check_criu(criu_path: str | None) -> list[Check]:
         Check("criu", True, f"CRIU {criu.version_string} at {criu.path}"),
         Check("criu check", ok, last, "" if ok else "Run 'criu check' as root and read its output."),
     ]
-
-
-def check_privileges() -> Check:
-    caps = _effective_caps()
-    if os.geteuid() == 0 and caps & (1 << CAP_SYS_ADMIN):
-        return Check("privileges", True, "root with CAP_SYS_ADMIN")
-    has = caps & (1 << CAP_CHECKPOINT_RESTORE) and caps & (1 << CAP_SYS_PTRACE)
-    return Check("privileges", bool(has), "CAP_CHECKPOINT_RESTORE + CAP_SYS_PTRACE" if has else "not root, no checkpoint capabilities",
-                 "" if has else "Run as root, or use the snapshot engine (no privileges needed).")
 
 
 def _check_gpu() -> list[Check]:

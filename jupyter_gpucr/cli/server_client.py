@@ -6,7 +6,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .errors import GPUCRError, NotFoundError
+from ..core.errors import GPUCRError, NotFoundError
 
 
 def find_server(url: str | None, token: str | None) -> tuple[str, str]:

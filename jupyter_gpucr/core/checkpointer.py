@@ -20,10 +20,11 @@ from typing import Any, Callable
 
 import psutil
 
-from . import __version__, gpus
+from .._version import __version__
+from . import gpus
 from .checksums import DigestWhileWriting
-from .engines import cuda
-from .engines.criu import Criu, explain_log
+from . import cuda
+from .criu import Criu, explain_log
 from .errors import EngineError, GPUCRError, IncompatibleCheckpointError, PreconditionError, StateError
 from .launcher import Started, start_holder
 from .locks import exclusive

@@ -12,9 +12,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from . import gpus
-from .doctor import report, run_checks
-from .errors import GPUCRError
+from ..core import gpus
+from ..cli.doctor import report, run_checks
+from ..core.errors import GPUCRError
 
 AUTH_RESOURCE = "kernels"
 _KERNEL_ID = r"(?P<kernel_id>[A-Za-z0-9][A-Za-z0-9._-]*)"

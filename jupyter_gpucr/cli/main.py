@@ -11,9 +11,9 @@ import sys
 import time
 from typing import Any
 
-from .checkpointer import Checkpointer
+from ..core.checkpointer import Checkpointer
 from .doctor import report, run_checks
-from .errors import GPUCRError
+from ..core.errors import GPUCRError
 from .server_client import call, find_server
 
 

@@ -16,9 +16,9 @@ from typing import Any
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 
-from .checkpointer import Checkpointer
-from .launcher import Started
-from .procs import is_alive
+from ..core.checkpointer import Checkpointer
+from ..core.launcher import Started
+from ..core.procs import is_alive
 
 
 class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]

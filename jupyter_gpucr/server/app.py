@@ -9,11 +9,11 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 
 from .config import GPUCR
-from .engines import cuda
-from .errors import GPUCRError
+from ..core import cuda
+from ..core.errors import GPUCRError
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
-from .suspender import KernelSuspender
+from .service import KernelSuspender
 from .websocket import RestoringWebsocketConnection
 
 
@@ -95,6 +95,3 @@ class GPUCRApp(ExtensionApp):
         suspended = [k for k, s in self.service.states.items() if s.state == "suspended"]
         self.log.info("gpucr: %d kernel(s) suspended on disk for the next start", len(suspended))
 
-
-def _jupyter_server_extension_points() -> list[dict[str, Any]]:
-    return [{"module": "jupyter_gpucr.app", "app": GPUCRApp}]

@@ -23,7 +23,7 @@ try:
 except ImportError:  # older jupyter_client
     from jupyter_client.jsonutil import date_default as json_default
 
-from .errors import GPUCRError
+from ..core.errors import GPUCRError
 
 V1 = "v1.kernel.websocket.jupyter.org"
 

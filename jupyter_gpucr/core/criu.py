@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EngineError, PreconditionError
-from ..procs import in_own_pidns, innermost_pid
+from .errors import EngineError, PreconditionError
+from .procs import in_own_pidns, innermost_pid
 
 MIN_VERSION = (4, 2)
 

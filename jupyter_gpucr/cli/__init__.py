@@ -1,0 +1,1 @@
+"""The gpucr command line: processes, kernels of a running server, and the doctor."""

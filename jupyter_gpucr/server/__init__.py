@@ -1,0 +1,1 @@
+"""The jupyter_server extension: kernel managers, provisioner, websocket, lifecycle and REST."""
