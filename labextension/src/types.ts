@@ -1,6 +1,10 @@
 /**
  * Types of the gpucr REST API and event bus contract (docs/rest-api.md).
  *
+ * `IKernelState` mirrors jupyter_gpucr/server/schemas/kernel-state.json and
+ * `IKernelStateEvent` the event schema built from it;
+ * tests/test_schema_drift.py fails when a property is missing or extra.
+ *
  * This module is pure (no imports) so that the unit tests can load it in
  * plain Node.js.
  */
@@ -11,12 +15,22 @@
  */
 export type Timestamp = string | number;
 
-/** The lifecycle of a kernel as the server reports it. */
+/**
+ * The lifecycle of a kernel as the server reports it. `suspend-pending`: a
+ * suspend waits for the running cell to finish.
+ */
 export type KernelStateName =
-  'running' | 'suspending' | 'suspended' | 'restoring';
+  | 'running'
+  | 'suspend-pending'
+  | 'suspending'
+  | 'suspended'
+  | 'restoring';
 
-/** The checkpoint engines. */
+/** The checkpoint engines: criu (whole process), snapshot (saved variables). */
 export type EngineName = 'criu' | 'snapshot';
+
+/** Whether a kernel holds GPU memory (or its checkpoint GPU state). */
+export type KernelKind = 'cpu' | 'gpu';
 
 /** Phases reported in progress and events. */
 export type Phase =
@@ -27,7 +41,12 @@ export type Phase =
   | 'done'
   | 'restoring'
   | 'gpu-restore'
-  | 'failed';
+  | 'failed'
+  | 'pending'
+  | 'cancelled';
+
+/** When a suspend happens: now, once the running cell ends, or after interrupting it. */
+export type SuspendWhen = 'now' | 'idle' | 'interrupt';
 
 /** A checkpoint summary embedded in a kernel state. */
 export interface ICheckpointSummary {
@@ -36,6 +55,8 @@ export interface ICheckpointSummary {
   created: Timestamp | null;
   engine: EngineName | string | null;
   gpu_model: string | null;
+  gpus?: unknown[];
+  notebook_path?: string | null;
 }
 
 /** The GPU a running kernel uses. */
@@ -53,19 +74,41 @@ export interface IProgress {
   bytes_total: number | null;
 }
 
-/** `GET /api/gpucr/kernels/{kernel_id}` */
+/** Something the last restore could not bring back (snapshot engine). */
+export interface ILostItem {
+  name: string;
+  type: string;
+  reason?: string;
+}
+
+/** `GET /api/gpucr/kernels/{kernel_id}` (schemas/kernel-state.json). */
 export interface IKernelState {
   kernel_id: string;
   state: KernelStateName;
+  kind?: KernelKind;
   engine: EngineName | string | null;
+  engine_reason?: string | null;
   checkpoint: ICheckpointSummary | null;
   gpu: IKernelGpu | null;
   progress: IProgress | null;
+  /** The path of the kernel's notebook now (follows renames). */
+  notebook_path?: string | null;
   suspended_at: Timestamp | null;
+  /** Since when a suspend waits for the running cell (suspend-pending). */
+  pending_since?: Timestamp | null;
+  /** When the kernel was last restored. */
+  restored_at?: Timestamp | null;
+  /** Seconds the kernel spent on disk before its last restore. */
+  suspended_for?: number | null;
+  /** What the last restore could not bring back. */
+  lost?: ILostItem[];
+  warnings?: string[];
   /** Message of the last failed operation. */
   error: string | null;
   /** What the user can do about `error` (server's hint), if known. */
   hint?: string | null;
+  /** Live versus reserved bytes reported by the kernel before a criu suspend. */
+  trim?: { [key: string]: unknown } | null;
   /** Seconds per step of the last operation, e.g. `{"total": 2.3}`. */
   timings?: { [step: string]: number } | null;
 }
@@ -83,6 +126,20 @@ export interface ICheckpoint {
   notebook_path: string | null;
 }
 
+/** `GET /api/gpucr/trash` items: checkpoints of kernels shut down or restarted. */
+export interface ITrashItem {
+  id: string;
+  name: string;
+  kernel_id: string | null;
+  notebook_path: string | null;
+  trashed_at: Timestamp | null;
+  expires_at: Timestamp | null;
+  size: number | null;
+  engine: EngineName | string | null;
+  kind?: KernelKind;
+  reason: 'shutdown' | 'restart' | string | null;
+}
+
 /** `GET /api/gpucr/gpus` items. */
 export interface IGpu {
   index: number;
@@ -94,28 +151,43 @@ export interface IGpu {
   kernels: string[];
 }
 
+/** A check of `GET /api/gpucr/doctor`. */
+export interface IDoctorCheck {
+  name: string;
+  ok: boolean;
+  detail?: string | null;
+  fix?: string | null;
+}
+
 /** `GET /api/gpucr/doctor` */
 export interface IDoctorReport {
   ok: boolean;
-  checks: Array<{
-    name: string;
-    ok: boolean;
-    detail?: string | null;
-    fix?: string | null;
-  }>;
+  checks: IDoctorCheck[];
+}
+
+/** The error body of a suspend refused because a cell runs (HTTP 409). */
+export interface IBusyRefusal {
+  error: 'KernelBusyError';
+  message: string;
+  hint?: string;
+  options?: SuspendWhen[];
 }
 
 /** The schema id of the kernel state events on the server's event bus. */
 export const KERNEL_STATE_SCHEMA =
   'https://events.jupyter.org/jupyter_gpucr/kernel-state/v1';
 
-/** The data of a kernel state event. */
+/** The data of a kernel state event (the event schema's properties). */
 export interface IKernelStateEvent {
-  schema_id?: string;
   kernel_id: string;
   state: KernelStateName;
-  phase?: Phase | string | null;
+  phase: Phase | string;
   bytes_done?: number | null;
   bytes_total?: number | null;
   error?: string | null;
+  hint?: string | null;
+  notebook_path?: string | null;
+  restored_at?: Timestamp | null;
+  suspended_for?: number | null;
+  lost?: ILostItem[];
 }
