@@ -32,7 +32,7 @@ class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
     def checkpointer(self) -> Checkpointer:
         """The server's (through the mapping kernel manager), or the default store's when a
         plain jupyter_client program uses this provisioner (``gpucr checkpoint KERNEL_ID`` then works)."""
-        service = getattr(getattr(self.parent, "parent", None), "gpucr", None)
+        service = getattr(getattr(self.parent, "parent", None), "suspender", None)
         if service is not None:
             return service.checkpointer
         if self._standalone is None:
