@@ -1,9 +1,12 @@
 /**
- * Commands: suspend, resume, delete a checkpoint, open the panel, refresh.
+ * Commands: suspend (now, when the cell finishes, or after interrupting it),
+ * cancel a pending suspend, resume, shut down a kernel (its saved state goes
+ * to the trash), delete a checkpoint, restore or delete from the trash, open
+ * the panel, refresh.
  *
- * They act on `args.kernelId` / `args.checkpointId` when given (side panel,
- * notifications) and else on the current notebook's kernel (toolbar, Kernel
- * menu, palette, keyboard shortcut).
+ * They act on `args.kernelId` / `args.checkpointId` / `args.trashId` when
+ * given (side panel, Running sidebar, notifications) and else on the current
+ * notebook's kernel (toolbar, Kernel menu, palette, keyboard shortcut).
  */
 import {
   Dialog,
@@ -11,26 +14,37 @@ import {
   Notification,
   showDialog
 } from '@jupyterlab/apputils';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
 import { CommandRegistry } from '@lumino/commands';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
 import { formatBytes } from './format';
 import { resumeIcon, suspendIcon } from './icons';
 import { GpucrModel, GpucrRequestError } from './model';
-import { canResume, canSuspend, kernelLabel } from './state';
+import { GpucrNotifier } from './notifications';
+import {
+  canResume,
+  canSuspend,
+  fitToast,
+  kernelLabel,
+  TRASH_HOURS,
+  trashWarning
+} from './state';
 import { CommandIDs } from './tokens';
+import type { SuspendWhen } from './types';
 
 export interface ICommandContext {
   commands: CommandRegistry;
   model: GpucrModel;
   tracker: INotebookTracker;
+  notifier: GpucrNotifier;
+  kernels: Kernel.IManager;
   /** The `confirmSuspend` setting. */
   confirmSuspend: () => boolean;
   /** Turn the `confirmSuspend` setting off ("do not ask again"). */
   disableConfirmSuspend: () => Promise<void>;
   openPanel: () => void;
-  pathForKernel: (kernelId: string) => string | null;
 }
 
 /** The current notebook's kernel id, if it has a kernel. */
@@ -38,19 +52,33 @@ export function currentKernelId(tracker: INotebookTracker): string | null {
   return tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
 }
 
+/** The open notebook whose session uses this kernel, if any. */
+export function panelForKernel(
+  tracker: INotebookTracker,
+  kernelId: string
+): NotebookPanel | undefined {
+  return tracker.find(p => p.sessionContext.session?.kernel?.id === kernelId);
+}
+
+/** Labels of the busy dialog's buttons, and what each asks of the server. */
+const WHEN_IDLE = 'Suspend when this cell finishes';
+const INTERRUPT = 'Interrupt and suspend';
+
 export function addCommands(ctx: ICommandContext): void {
-  const { commands, model, tracker } = ctx;
+  const { commands, model, tracker, notifier } = ctx;
 
   const targetKernel = (args: ReadonlyPartialJSONObject): string | null =>
     (args.kernelId as string | undefined) ?? currentKernelId(tracker);
 
-  const label = (kernelId: string): string =>
-    kernelLabel(kernelId, ctx.pathForKernel(kernelId));
+  const errorText = (error: unknown): string =>
+    error instanceof GpucrRequestError
+      ? `${error.message} (HTTP ${error.status})`
+      : String((error as Error)?.message ?? error);
 
   commands.addCommand(CommandIDs.suspend, {
     label: args => (args.toolbar ? '' : 'Suspend Kernel to Disk'),
     caption:
-      'Write the kernel (variables, loaded models, GPU memory) to disk and free its GPU',
+      'Write the kernel (variables, loaded models, GPU memory) to disk and free its memory',
     icon: args => (args.toolbar || args.isPalette ? suspendIcon : undefined),
     isEnabled: args => {
       const kernelId = targetKernel(args);
@@ -65,14 +93,35 @@ export function addCommands(ctx: ICommandContext): void {
       if (!kernelId) {
         return;
       }
-      if (ctx.confirmSuspend() && args.confirm !== false) {
+      const name = notifier.label(kernelId);
+      let when = args.when as SuspendWhen | undefined;
+      const status = panelForKernel(tracker, kernelId)?.sessionContext.session
+        ?.kernel?.status;
+      if (!when && status === 'busy') {
+        const result = await showDialog({
+          title: `${name} is running a cell`,
+          body:
+            'Suspend it as soon as the cell finishes, or interrupt the cell ' +
+            '(its work so far is lost) and suspend it now.',
+          buttons: [
+            Dialog.cancelButton(),
+            Dialog.warnButton({ label: INTERRUPT }),
+            Dialog.okButton({ label: WHEN_IDLE })
+          ],
+          defaultButton: 2
+        });
+        if (!result.button.accept) {
+          return;
+        }
+        when = result.button.label === INTERRUPT ? 'interrupt' : 'idle';
+      } else if (ctx.confirmSuspend() && args.confirm !== false) {
         const result = await showDialog({
           title: 'Suspend kernel to disk?',
           body:
-            `The kernel of ${label(kernelId)} and everything in it (variables, ` +
+            `The kernel of ${name} and everything in it (variables, ` +
             'open files, loaded models, GPU memory) is written to disk and its ' +
-            'GPU is freed for others. Run a cell or click Resume to bring it ' +
-            'back, on whichever GPU has room.',
+            'memory is freed for others. Run a cell or click Resume to bring ' +
+            'it back.',
           buttons: [
             Dialog.cancelButton(),
             Dialog.okButton({ label: 'Suspend' })
@@ -88,17 +137,45 @@ export function addCommands(ctx: ICommandContext): void {
         }
       }
       try {
-        await model.suspend(kernelId, args.engine as string | undefined);
+        await model.suspend(kernelId, {
+          engine: args.engine as string | undefined,
+          when
+        });
       } catch (error) {
-        // The failure notification comes from the state transition.
-        console.warn('gpucr: suspend failed', error);
+        if (error instanceof GpucrRequestError && error.isBusy) {
+          notifier.showBusy(kernelId);
+        } else {
+          // The failure notification comes from the state transition.
+          console.warn('gpucr: suspend failed', error);
+        }
+      }
+    }
+  });
+
+  commands.addCommand(CommandIDs.cancelSuspend, {
+    label: 'Cancel Pending Suspend',
+    caption: 'Keep the kernel running instead of suspending it after the cell',
+    isEnabled: args =>
+      model.getKernel(targetKernel(args))?.state === 'suspend-pending',
+    execute: async args => {
+      const kernelId = targetKernel(args);
+      if (!kernelId) {
+        return;
+      }
+      try {
+        await model.cancelSuspend(kernelId);
+      } catch (error) {
+        Notification.warning(
+          fitToast(`Could not cancel the suspend: ${errorText(error)}`),
+          { autoClose: 8000 }
+        );
       }
     }
   });
 
   commands.addCommand(CommandIDs.resume, {
     label: args => (args.toolbar ? '' : 'Resume Kernel'),
-    caption: 'Restore the suspended kernel from its checkpoint',
+    caption: 'Restore the suspended kernel from disk',
     icon: args => (args.toolbar || args.isPalette ? resumeIcon : undefined),
     isEnabled: args => {
       const kernelId = targetKernel(args);
@@ -142,42 +219,74 @@ export function addCommands(ctx: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.shutdownKernel, {
+    label: 'Shut Down Kernel',
+    caption:
+      'Shut the kernel down; the saved state of a suspended kernel goes to the trash',
+    isEnabled: args => !!targetKernel(args),
+    execute: async args => {
+      const kernelId = targetKernel(args);
+      if (!kernelId) {
+        return;
+      }
+      const state = model.getKernel(kernelId);
+      const suspended = state?.state === 'suspended';
+      const name = notifier.label(kernelId);
+      if (suspended) {
+        const result = await showDialog({
+          title: 'Shut down the suspended kernel?',
+          body: trashWarning(name, state!),
+          buttons: [
+            Dialog.cancelButton(),
+            Dialog.warnButton({ label: 'Shut Down' })
+          ]
+        });
+        if (!result.button.accept) {
+          return;
+        }
+      }
+      try {
+        const panel = panelForKernel(tracker, kernelId);
+        if (panel) {
+          await panel.sessionContext.shutdown();
+        } else {
+          await ctx.kernels.shutdown(kernelId);
+        }
+      } catch (error) {
+        Notification.error(
+          fitToast(`Could not shut down ${name}: ${errorText(error)}`),
+          { autoClose: false }
+        );
+        return;
+      }
+      if (suspended) {
+        notifier.show(kernelId, {
+          type: 'info',
+          message: `${name} was shut down; its saved state is in the trash for ${TRASH_HOURS} h.`,
+          actions: ['open-panel'],
+          autoClose: 8000
+        });
+      }
+      await model.refreshLists();
+    }
+  });
+
   commands.addCommand(CommandIDs.deleteCheckpoint, {
     label: 'Delete Checkpoint',
-    caption: 'Delete a checkpoint from disk',
-    isEnabled: args => {
-      if (args.checkpointId) {
-        return true;
-      }
-      const kernelId = currentKernelId(tracker);
-      return !!model.getKernel(kernelId)?.checkpoint?.id;
-    },
+    caption: 'Delete a checkpoint no kernel is suspended in, for good',
+    isEnabled: args => !!args.checkpointId,
     execute: async args => {
-      let checkpointId = args.checkpointId as string | undefined;
-      if (!checkpointId) {
-        checkpointId = model.getKernel(currentKernelId(tracker))?.checkpoint
-          ?.id;
-      }
+      const checkpointId = args.checkpointId as string | undefined;
       if (!checkpointId) {
         return;
       }
       const checkpoint = model.checkpoints.find(c => c.id === checkpointId);
-      const kernel = checkpoint?.kernel_id
-        ? model.getKernel(checkpoint.kernel_id)
-        : [...model.kernels.values()].find(
-            k => k.checkpoint?.id === checkpointId
-          );
-      const inUse =
-        kernel?.state === 'suspended' &&
-        (!kernel.checkpoint || kernel.checkpoint.id === checkpointId);
       const what = checkpoint
-        ? `${checkpoint.notebook_path || checkpoint.name} (${formatBytes(checkpoint.size)})`
+        ? `${kernelLabel(checkpoint.kernel_id ?? '', checkpoint.notebook_path)} (${formatBytes(checkpoint.size)})`
         : checkpointId;
       const result = await showDialog({
-        title: 'Delete checkpoint?',
-        body: inUse
-          ? `The kernel of ${what} is suspended from this checkpoint: deleting it loses the kernel's state for good.`
-          : `Delete the checkpoint of ${what} from disk?`,
+        title: 'Delete checkpoint for good?',
+        body: `The checkpoint of ${what} is deleted from disk; it cannot be brought back.`,
         buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
       });
       if (!result.button.accept) {
@@ -189,10 +298,78 @@ export function addCommands(ctx: ICommandContext): void {
           autoClose: 4000
         });
       } catch (error) {
-        const status =
-          error instanceof GpucrRequestError ? ` (HTTP ${error.status})` : '';
         Notification.error(
-          `Could not delete the checkpoint${status}: ${(error as Error).message}`,
+          fitToast(`Could not delete the checkpoint: ${errorText(error)}`),
+          { autoClose: false }
+        );
+      }
+    }
+  });
+
+  commands.addCommand(CommandIDs.restoreFromTrash, {
+    label: 'Restore from Trash',
+    caption: 'Put the saved state back: the kernel is suspended again',
+    isEnabled: args => !!args.trashId,
+    execute: async args => {
+      const item = model.trash.find(t => t.id === args.trashId);
+      if (!item) {
+        return;
+      }
+      const name = kernelLabel(item.kernel_id ?? '', item.notebook_path);
+      let state;
+      try {
+        state = await model.restoreFromTrash(item.id);
+      } catch (error) {
+        Notification.warning(
+          fitToast(`Could not restore ${name}: ${errorText(error)}`),
+          { autoClose: false }
+        );
+        return;
+      }
+      // An open notebook without a kernel takes its kernel back.
+      const panel = tracker.find(
+        p =>
+          p.context.path === (state.notebook_path ?? item.notebook_path) &&
+          !p.sessionContext.session?.kernel
+      );
+      if (panel) {
+        await panel.sessionContext.changeKernel({ id: state.kernel_id });
+      }
+      Notification.success(
+        fitToast(
+          `${name} is back, suspended: run a cell in it to bring its variables back.`
+        ),
+        { autoClose: 6000 }
+      );
+    }
+  });
+
+  commands.addCommand(CommandIDs.deleteFromTrash, {
+    label: 'Delete Forever',
+    caption: 'Delete the saved state from the trash, for good',
+    isEnabled: args => !!args.trashId,
+    execute: async args => {
+      const item = model.trash.find(t => t.id === args.trashId);
+      if (!item) {
+        return;
+      }
+      const name = kernelLabel(item.kernel_id ?? '', item.notebook_path);
+      const result = await showDialog({
+        title: 'Delete forever?',
+        body: `The saved state of ${name} (${formatBytes(item.size)}) is deleted from disk; it cannot be brought back.`,
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({ label: 'Delete Forever' })
+        ]
+      });
+      if (!result.button.accept) {
+        return;
+      }
+      try {
+        await model.deleteFromTrash(item.id);
+      } catch (error) {
+        Notification.error(
+          fitToast(`Could not delete ${name}: ${errorText(error)}`),
           { autoClose: false }
         );
       }
@@ -200,13 +377,13 @@ export function addCommands(ctx: ICommandContext): void {
   });
 
   commands.addCommand(CommandIDs.openPanel, {
-    label: 'Show GPU Checkpoints',
-    caption: 'Suspended kernels, checkpoints and free GPU memory',
+    label: 'Show Suspended Kernels',
+    caption: 'Suspended kernels, checkpoints, trash and free GPU memory',
     execute: () => ctx.openPanel()
   });
 
   commands.addCommand(CommandIDs.refresh, {
-    label: 'Refresh GPU Checkpoints',
+    label: 'Refresh Suspended Kernels',
     execute: async () => {
       const kernelId = currentKernelId(tracker);
       await Promise.all([
@@ -219,8 +396,8 @@ export function addCommands(ctx: ICommandContext): void {
   // Keep toolbar buttons and menus in step with the kernel state.
   const refreshEnabled = () => {
     commands.notifyCommandChanged(CommandIDs.suspend);
+    commands.notifyCommandChanged(CommandIDs.cancelSuspend);
     commands.notifyCommandChanged(CommandIDs.resume);
-    commands.notifyCommandChanged(CommandIDs.deleteCheckpoint);
   };
   model.kernelChanged.connect(refreshEnabled);
   tracker.currentChanged.connect(refreshEnabled);

@@ -115,6 +115,26 @@ export function formatDate(time: Timestamp | null | undefined): string {
   return date ? date.toLocaleString() : '';
 }
 
+/**
+ * A time for a sentence: `14:02` today, `30 Nov 14:02` another day (local
+ * time); `''` when unknown.
+ */
+export function formatClock(
+  time: Timestamp | null | undefined,
+  now: Date = new Date()
+): string {
+  const date = parseTime(time);
+  if (!date) {
+    return '';
+  }
+  const hm = `${String(date.getHours()).padStart(2, '0')}:${String(date.getMinutes()).padStart(2, '0')}`;
+  if (date.toDateString() === now.toDateString()) {
+    return hm;
+  }
+  const month = date.toLocaleString('en', { month: 'short' });
+  return `${date.getDate()} ${month} ${hm}`;
+}
+
 /** Percentage done, 0 to 100, or `null` when the total is unknown. */
 export function progressPercent(
   progress: IProgress | null | undefined

@@ -3,31 +3,49 @@
  * see where it runs and what it holds, and get it back.
  *
  * Wiring only: the logic lives in model.ts / state.ts, the views in
- * statusbar.tsx and panel.tsx, the commands in commands.ts.
+ * statusbar.tsx, panel.tsx, kernelindicator.ts and running.ts, the commands
+ * in commands.ts, the restart dialog in dialogs.ts.
+ *
+ * Three plugins: the model (shared), the session dialogs (JupyterLab's,
+ * plus what a restart does to a suspended kernel; they replace
+ * `@jupyterlab/apputils-extension:sessionDialogs`, disabled in
+ * package.json), and the UI.
  */
 import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  ISessionContextDialogs,
+  IToolbarWidgetRegistry
+} from '@jupyterlab/apputils';
+import { IMainMenu } from '@jupyterlab/mainmenu';
 import {
   INotebookTracker,
+  INotebookWidgetFactory,
   NotebookActions,
   NotebookPanel
 } from '@jupyterlab/notebook';
+import { IRunningSessionManagers } from '@jupyterlab/running';
 import { Kernel } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator } from '@jupyterlab/translation';
+import { Widget } from '@lumino/widgets';
 
-import { addCommands, currentKernelId } from './commands';
+import { addCommands, currentKernelId, panelForKernel } from './commands';
+import { GpucrSessionDialogs } from './dialogs';
+import { GpucrKernelIndicator } from './kernelindicator';
 import { GpucrModel } from './model';
-import { connectNotifications } from './notifications';
+import { GpucrNotifier } from './notifications';
 import { GpucrPanel } from './panel';
+import { addRunningSection } from './running';
 import { GpucrStatus } from './statusbar';
-import { CommandIDs, PLUGIN_ID } from './tokens';
+import { CommandIDs, IGpucrModel, PLUGIN_ID } from './tokens';
 
 export * from './model';
-export { CommandIDs, PLUGIN_ID } from './tokens';
+export { CommandIDs, IGpucrModel, PLUGIN_ID } from './tokens';
 
 /**
  * Kernel statuses that mean the server is bringing a suspended kernel back.
@@ -41,54 +59,101 @@ const WAKING: ReadonlyArray<Kernel.Status> = [
   'starting'
 ];
 
+const modelPlugin: JupyterFrontEndPlugin<GpucrModel> = {
+  id: 'jupyter-gpucr:model',
+  description: 'The gpucr kernel states, checkpoints and trash.',
+  autoStart: true,
+  provides: IGpucrModel,
+  activate: (app: JupyterFrontEnd) => {
+    const model = new GpucrModel({
+      serverSettings: app.serviceManager.serverSettings
+    });
+    // Events: state changes and progress pushed by the server.
+    app.serviceManager.events.stream.connect((_, event) => {
+      model.applyEvent(event);
+    });
+    return model;
+  }
+};
+
+const dialogsPlugin: JupyterFrontEndPlugin<ISessionContextDialogs> = {
+  id: 'jupyter-gpucr:session-dialogs',
+  description:
+    "JupyterLab's session dialogs; restarting a suspended kernel says where its saved state goes.",
+  autoStart: true,
+  requires: [IGpucrModel],
+  optional: [ITranslator, ISettingRegistry],
+  provides: ISessionContextDialogs,
+  activate: (
+    app: JupyterFrontEnd,
+    model: GpucrModel,
+    translator: ITranslator | null,
+    settingRegistry: ISettingRegistry | null
+  ) =>
+    new GpucrSessionDialogs({
+      model,
+      translator: translator ?? undefined,
+      settingRegistry
+    })
+};
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description:
-    'Suspend GPU kernels to disk and restore them: toolbar button, status bar, checkpoints panel.',
+    'Suspend kernels to disk and restore them: toolbar button, kernel status, status bar, Running sidebar, side panel.',
   autoStart: true,
-  requires: [INotebookTracker],
-  optional: [ISettingRegistry, IStatusBar, ICommandPalette],
+  requires: [IGpucrModel, INotebookTracker, INotebookWidgetFactory],
+  optional: [
+    ISettingRegistry,
+    IStatusBar,
+    ICommandPalette,
+    IMainMenu,
+    IRunningSessionManagers,
+    IToolbarWidgetRegistry
+  ],
   activate: (
     app: JupyterFrontEnd,
+    model: GpucrModel,
     tracker: INotebookTracker,
+    _factory: unknown,
     settingRegistry: ISettingRegistry | null,
     statusBar: IStatusBar | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    mainMenu: IMainMenu | null,
+    runningManagers: IRunningSessionManagers | null,
+    toolbarRegistry: IToolbarWidgetRegistry | null
   ) => {
     const { commands, serviceManager } = app;
-    const model = new GpucrModel({
-      serverSettings: serviceManager.serverSettings
-    });
 
     let settings: ISettingRegistry.ISettings | null = null;
     let confirmSuspend = true;
 
     /**
-     * The notebook path of a kernel: an open notebook's (kept current across
-     * renames), else its session's, else its checkpoint's.
+     * The notebook path of a kernel now: an open notebook's, else the
+     * server's (its session's current path), else a running session's.
+     * Never a path kept from an earlier state: notebooks get renamed.
      */
     const pathForKernel = (kernelId: string): string | null => {
-      const open = tracker.find(
-        p => p.sessionContext.session?.kernel?.id === kernelId
-      );
+      const open = panelForKernel(tracker, kernelId);
       if (open) {
         return open.context.path;
+      }
+      const fromServer = model.getKernel(kernelId)?.notebook_path;
+      if (fromServer) {
+        return fromServer;
       }
       for (const session of serviceManager.sessions.running()) {
         if (session.kernel?.id === kernelId) {
           return session.path;
         }
       }
-      const checkpoint = model.checkpoints.find(c => c.kernel_id === kernelId);
-      return checkpoint?.notebook_path ?? null;
+      return null;
     };
 
+    const notifier = new GpucrNotifier({ model, commands, pathForKernel });
+
     // Side panel.
-    const panel = new GpucrPanel({
-      model,
-      commands,
-      pathForKernel
-    });
+    const panel = new GpucrPanel({ model, commands, pathForKernel });
     app.shell.add(panel, 'right', { rank: 900 });
     const openPanel = () => app.shell.activateById(panel.id);
 
@@ -96,6 +161,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       commands,
       model,
       tracker,
+      notifier,
+      kernels: serviceManager.kernels,
       confirmSuspend: () => confirmSuspend,
       disableConfirmSuspend: async () => {
         confirmSuspend = false;
@@ -103,17 +170,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
           await settings.set('confirmSuspend', false);
         }
       },
-      openPanel,
-      pathForKernel
+      openPanel
     });
-    connectNotifications({ model, commands, pathForKernel });
 
     if (palette) {
-      const category = 'GPU Checkpoints';
+      const category = 'Suspended Kernels';
       for (const command of [
         CommandIDs.suspend,
+        CommandIDs.cancelSuspend,
         CommandIDs.resume,
-        CommandIDs.deleteCheckpoint,
         CommandIDs.openPanel,
         CommandIDs.refresh
       ]) {
@@ -121,8 +186,51 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     }
 
+    // Kernel > Shut Down Kernel of a suspended kernel asks first.
+    if (mainMenu) {
+      mainMenu.kernelMenu.kernelUsers.shutdownKernel.add({
+        id: CommandIDs.shutdownKernel,
+        isEnabled: widget =>
+          widget instanceof NotebookPanel &&
+          tracker.has(widget) &&
+          model.getKernel(widget.sessionContext.session?.kernel?.id)?.state ===
+            'suspended',
+        rank: 100
+      });
+    }
+
+    // The Running sidebar.
+    if (runningManagers) {
+      addRunningSection({
+        managers: runningManagers,
+        model,
+        commands,
+        pathForKernel
+      });
+    }
+
+    // The notebook toolbar's kernel status indicator.
+    if (toolbarRegistry) {
+      const stock: ((p: NotebookPanel) => Widget) | undefined =
+        toolbarRegistry.addFactory<NotebookPanel>(
+          'Notebook',
+          'executionProgress',
+          (nbPanel): Widget =>
+            new GpucrKernelIndicator({
+              model,
+              panel: nbPanel,
+              stock: stock?.(nbPanel) ?? null
+            })
+        );
+    }
+
     // Status bar.
-    const status = new GpucrStatus({ model, onClick: openPanel });
+    const status = new GpucrStatus({
+      model,
+      onClick: openPanel,
+      onCancel: kernelId =>
+        void commands.execute(CommandIDs.cancelSuspend, { kernelId })
+    });
     if (statusBar) {
       statusBar.registerStatusItem(`${PLUGIN_ID}:status`, {
         item: status,
@@ -142,15 +250,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker.currentChanged.connect(updateCurrent);
 
     // The transparent path: running a cell in (or reconnecting to) a
-    // suspended kernel makes the server restore it; say so at once.
-    const watchPanel = (panel: NotebookPanel) => {
-      const ctx = panel.sessionContext;
+    // suspended kernel makes the server restore it; say so at once. A
+    // refused suspend no longer applies once the kernel is idle.
+    const watchPanel = (nbPanel: NotebookPanel) => {
+      const ctx = nbPanel.sessionContext;
       ctx.kernelChanged.connect(updateCurrent);
       ctx.sessionChanged.connect(updateCurrent);
       ctx.statusChanged.connect((_, kernelStatus) => {
         const kernelId = ctx.session?.kernel?.id;
         if (!kernelId) {
           return;
+        }
+        if (kernelStatus === 'idle') {
+          notifier.kernelIdle(kernelId);
         }
         const known = model.getKernel(kernelId);
         if (known?.state === 'suspended' && WAKING.includes(kernelStatus)) {
@@ -161,18 +273,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     };
     tracker.forEach(watchPanel);
-    tracker.widgetAdded.connect((_, panel) => watchPanel(panel));
+    tracker.widgetAdded.connect((_, nbPanel) => watchPanel(nbPanel));
     NotebookActions.executionScheduled.connect((_, { notebook }) => {
-      const panel = tracker.find(p => p.content === notebook);
-      const kernelId = panel?.sessionContext.session?.kernel?.id;
+      const nbPanel = tracker.find(p => p.content === notebook);
+      const kernelId = nbPanel?.sessionContext.session?.kernel?.id;
       if (kernelId && model.getKernel(kernelId)?.state === 'suspended') {
         model.markRestoring(kernelId);
       }
-    });
-
-    // Events: state changes and progress pushed by the server.
-    serviceManager.events.stream.connect((_, event) => {
-      model.applyEvent(event);
     });
 
     // Settings.
@@ -197,8 +304,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     void app.restored.then(updateCurrent);
-    console.log('JupyterLab extension jupyter-gpucr is activated!');
   }
 };
 
-export default plugin;
+export default [modelPlugin, dialogsPlugin, plugin];

@@ -18,7 +18,9 @@ import {
   IGpu,
   IKernelState,
   IKernelStateEvent,
-  KERNEL_STATE_SCHEMA
+  ITrashItem,
+  KERNEL_STATE_SCHEMA,
+  SuspendWhen
 } from './types';
 
 export * from './types';
@@ -31,10 +33,16 @@ export class GpucrRequestError extends Error {
   constructor(
     message: string,
     readonly status: number,
-    readonly reason: string | null = null
+    readonly reason: string | null = null,
+    readonly body: { [key: string]: unknown } | null = null
   ) {
     super(message);
     this.name = 'GpucrRequestError';
+  }
+
+  /** Whether the server refused a suspend because the kernel runs a cell. */
+  get isBusy(): boolean {
+    return this.status === 409 && this.body?.error === 'KernelBusyError';
   }
 }
 
@@ -88,7 +96,8 @@ export async function requestAPI<T>(
     throw new GpucrRequestError(
       String(message),
       response.status,
-      hint ? String(hint) : null
+      hint ? String(hint) : null,
+      data && typeof data === 'object' ? data : null
     );
   }
   return data as T;
@@ -116,10 +125,29 @@ export class GpucrClient {
     );
   }
 
-  suspend(kernelId: string, engine?: string): Promise<IKernelState> {
+  suspend(
+    kernelId: string,
+    options: GpucrClient.ISuspendOptions = {}
+  ): Promise<IKernelState> {
+    const body: GpucrClient.ISuspendOptions = {};
+    if (options.engine) {
+      body.engine = options.engine;
+    }
+    if (options.when) {
+      body.when = options.when;
+    }
     return requestAPI<IKernelState>(
       `kernels/${id(kernelId)}/suspend`,
-      { method: 'POST', body: JSON.stringify(engine ? { engine } : {}) },
+      { method: 'POST', body: JSON.stringify(body) },
+      this.serverSettings
+    );
+  }
+
+  /** Cancel a pending suspend (`suspend-pending`). */
+  cancelSuspend(kernelId: string): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}/suspend`,
+      { method: 'DELETE' },
       this.serverSettings
     );
   }
@@ -147,12 +175,41 @@ export class GpucrClient {
     );
   }
 
+  listTrash(): Promise<ITrashItem[]> {
+    return requestAPI<ITrashItem[]>('trash', {}, this.serverSettings);
+  }
+
+  /** Put a trashed checkpoint back: its kernel is suspended again. */
+  restoreTrash(trashId: string): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `trash/${id(trashId)}/restore`,
+      { method: 'POST', body: '{}' },
+      this.serverSettings
+    );
+  }
+
+  deleteTrash(trashId: string): Promise<void> {
+    return requestAPI<void>(
+      `trash/${id(trashId)}`,
+      { method: 'DELETE' },
+      this.serverSettings
+    );
+  }
+
   listGpus(): Promise<IGpu[]> {
     return requestAPI<IGpu[]>('gpus', {}, this.serverSettings);
   }
 
   doctor(): Promise<IDoctorReport> {
     return requestAPI<IDoctorReport>('doctor', {}, this.serverSettings);
+  }
+}
+
+export namespace GpucrClient {
+  /** The body of `POST /api/gpucr/kernels/{id}/suspend`. */
+  export interface ISuspendOptions {
+    engine?: string;
+    when?: SuspendWhen;
   }
 }
 
@@ -208,6 +265,11 @@ export class GpucrModel implements IDisposable {
 
   get checkpoints(): ReadonlyArray<ICheckpoint> {
     return this._checkpoints;
+  }
+
+  /** Checkpoints of kernels shut down or restarted, newest first. */
+  get trash(): ReadonlyArray<ITrashItem> {
+    return this._trash;
   }
 
   get gpus(): ReadonlyArray<IGpu> {
@@ -284,34 +346,48 @@ export class GpucrModel implements IDisposable {
     return this._kernels.get(kernelId);
   }
 
-  /** Fetch kernels, checkpoints and GPUs now. */
-  async refreshLists(): Promise<void> {
-    const [kernels, checkpoints, gpus] = await Promise.allSettled([
-      this.client.listKernels(),
-      this.client.listCheckpoints(),
-      this.client.listGpus()
-    ]);
-    const errors: string[] = [];
-    if (kernels.status === 'fulfilled' && Array.isArray(kernels.value)) {
-      this._available = true;
-      const seen = new Set<string>();
-      for (const state of kernels.value) {
-        seen.add(state.kernel_id);
-        this._applyPolled(state.kernel_id, state);
-      }
-      for (const kernelId of [...this._kernels.keys()]) {
-        if (!seen.has(kernelId) && !this._inflight.has(kernelId)) {
-          this._setState(kernelId, undefined);
-        }
-      }
-    } else if (kernels.status === 'rejected') {
-      errors.push(String((kernels.reason as Error).message ?? kernels.reason));
-      if (
-        kernels.reason instanceof GpucrRequestError &&
-        kernels.reason.status === 404
-      ) {
+  /**
+   * Fetch every kernel's state now (the status bar, the toolbar indicator and
+   * the Running sidebar show them); returns the error, if any.
+   */
+  async refreshKernels(): Promise<string | null> {
+    let states: IKernelState[];
+    try {
+      states = await this.client.listKernels();
+    } catch (error) {
+      if (error instanceof GpucrRequestError && error.status === 404) {
         this._available = false;
       }
+      return String((error as Error).message ?? error);
+    }
+    if (!Array.isArray(states)) {
+      return null;
+    }
+    this._available = true;
+    const seen = new Set<string>();
+    for (const state of states) {
+      seen.add(state.kernel_id);
+      this._applyPolled(state.kernel_id, state);
+    }
+    for (const kernelId of [...this._kernels.keys()]) {
+      if (!seen.has(kernelId) && !this._inflight.has(kernelId)) {
+        this._setState(kernelId, undefined);
+      }
+    }
+    return null;
+  }
+
+  /** Fetch kernels, checkpoints, trash and GPUs now. */
+  async refreshLists(): Promise<void> {
+    const [kernels, checkpoints, gpus, trash] = await Promise.allSettled([
+      this.refreshKernels(),
+      this.client.listCheckpoints(),
+      this.client.listGpus(),
+      this.client.listTrash()
+    ]);
+    const errors: string[] = [];
+    if (kernels.status === 'fulfilled' && kernels.value) {
+      errors.push(kernels.value);
     }
     if (
       checkpoints.status === 'fulfilled' &&
@@ -322,6 +398,13 @@ export class GpucrModel implements IDisposable {
       );
     } else if (checkpoints.status === 'rejected') {
       errors.push(String((checkpoints.reason as Error).message));
+    }
+    if (trash.status === 'fulfilled' && Array.isArray(trash.value)) {
+      this._trash = [...trash.value].sort(
+        (a, b) => timeValue(b.trashed_at) - timeValue(a.trashed_at)
+      );
+    } else if (trash.status === 'rejected') {
+      errors.push(String((trash.reason as Error).message));
     }
     if (gpus.status === 'fulfilled' && Array.isArray(gpus.value)) {
       this._gpus = gpus.value;
@@ -357,34 +440,71 @@ export class GpucrModel implements IDisposable {
 
   /**
    * Suspend a kernel to disk. Resolves with the final state once the
-   * checkpoint is complete; rejects with the server's message if it failed
-   * (the kernel keeps running and its state carries the error).
+   * checkpoint is complete (or, `when: 'idle'`, with the `suspend-pending`
+   * state). Rejects with the server's message if it failed: the kernel keeps
+   * running and its state carries the error; a refusal because a cell runs
+   * (`GpucrRequestError.isBusy`) leaves the state alone.
    */
-  async suspend(kernelId: string, engine?: string): Promise<IKernelState> {
+  async suspend(
+    kernelId: string,
+    options: GpucrClient.ISuspendOptions = {}
+  ): Promise<IKernelState> {
     if (this._inflight.has(kernelId)) {
       throw new Error('An operation on this kernel is already in progress.');
     }
     this._inflight.set(kernelId, 'suspend');
     const previous = this._kernels.get(kernelId);
-    this._setState(kernelId, {
-      ...(previous ?? emptyState(kernelId)),
-      state: 'suspending',
-      progress: null,
-      error: null
-    });
+    if (options.when !== 'idle') {
+      this._setState(kernelId, {
+        ...(previous ?? emptyState(kernelId)),
+        state: 'suspending',
+        progress: null,
+        error: null
+      });
+    }
     this._schedule();
     try {
-      const state = await this.client.suspend(kernelId, engine);
+      const state = await this.client.suspend(kernelId, options);
       this._inflight.delete(kernelId);
       this._setState(kernelId, Private.normalize(kernelId, state));
       return this._kernels.get(kernelId)!;
     } catch (error) {
       this._inflight.delete(kernelId);
-      await this._afterFailure(kernelId, 'running', error as Error);
+      if (error instanceof GpucrRequestError && error.isBusy) {
+        if (previous) {
+          this._setState(kernelId, previous);
+        }
+      } else {
+        await this._afterFailure(kernelId, 'running', error as Error);
+      }
       throw error;
     } finally {
       this._afterOperation();
     }
+  }
+
+  /** Cancel a pending suspend: the kernel keeps running. */
+  async cancelSuspend(kernelId: string): Promise<IKernelState> {
+    const state = await this.client.cancelSuspend(kernelId);
+    this._setState(kernelId, Private.normalize(kernelId, state));
+    this._afterOperation();
+    return this._kernels.get(kernelId)!;
+  }
+
+  /** Put a trashed checkpoint back; its kernel is suspended again. */
+  async restoreFromTrash(trashId: string): Promise<IKernelState> {
+    const state = await this.client.restoreTrash(trashId);
+    this._setState(state.kernel_id, Private.normalize(state.kernel_id, state));
+    await this.refreshLists();
+    return this._kernels.get(state.kernel_id)!;
+  }
+
+  /** Delete a trashed checkpoint for good. */
+  async deleteFromTrash(trashId: string): Promise<void> {
+    await this.client.deleteTrash(trashId);
+    this._trash = this._trash.filter(t => t.id !== trashId);
+    this._changed.emit();
+    await this.refreshLists();
   }
 
   /** Resume a suspended kernel (the server picks a GPU unless `gpu` is given). */
@@ -451,7 +571,7 @@ export class GpucrModel implements IDisposable {
     if (event.schema_id !== KERNEL_STATE_SCHEMA) {
       return false;
     }
-    const data = event as IKernelStateEvent;
+    const data = event as unknown as IKernelStateEvent;
     if (typeof data.kernel_id !== 'string' || typeof data.state !== 'string') {
       return true;
     }
@@ -567,9 +687,6 @@ export class GpucrModel implements IDisposable {
     const transient = [...this._kernels.values()].some(k =>
       isTransient(k.state)
     );
-    if (!this._watched.size && !this._listsActive && !transient) {
-      return;
-    }
     const delay = transient ? FAST_POLL_MS : this._pollInterval;
     this._timer = setTimeout(() => {
       this._timer = null;
@@ -581,22 +698,19 @@ export class GpucrModel implements IDisposable {
     if (typeof document !== 'undefined' && document.hidden) {
       return;
     }
-    const ids = new Set(this._watched);
-    for (const [kernelId, state] of this._kernels) {
-      if (isTransient(state.state)) {
-        ids.add(kernelId);
-      }
-    }
-    const jobs: Promise<unknown>[] = [...ids].map(k => this.refreshKernel(k));
-    if (this._listsActive) {
-      jobs.push(this.refreshLists());
-    }
-    await Promise.allSettled(jobs);
+    // Watched kernels the list does not have yet (just started) are
+    // fetched one by one.
+    const unknown = [...this._watched].filter(k => !this._kernels.has(k));
+    await Promise.allSettled([
+      this._listsActive ? this.refreshLists() : this.refreshKernels(),
+      ...unknown.map(k => this.refreshKernel(k))
+    ]);
   }
 
   private _available: boolean | null = null;
   private _kernels = new Map<string, IKernelState>();
   private _checkpoints: ICheckpoint[] = [];
+  private _trash: ITrashItem[] = [];
   private _gpus: IGpu[] = [];
   private _doctor: IDoctorReport | null = null;
   private _listError: string | null = null;
@@ -630,13 +744,22 @@ namespace Private {
     return {
       kernel_id: state.kernel_id ?? kernelId,
       state: state.state,
+      kind: state.kind ?? 'cpu',
       engine: state.engine ?? null,
+      engine_reason: state.engine_reason ?? null,
       checkpoint: state.checkpoint ?? null,
       gpu: state.gpu ?? null,
       progress: state.progress ?? null,
+      notebook_path: state.notebook_path ?? null,
       suspended_at: state.suspended_at ?? null,
+      pending_since: state.pending_since ?? null,
+      restored_at: state.restored_at ?? null,
+      suspended_for: state.suspended_for ?? null,
+      lost: state.lost ?? [],
+      warnings: state.warnings ?? [],
       error: state.error || null,
       hint: state.hint || null,
+      trim: state.trim ?? null,
       timings: state.timings ?? null
     };
   }

@@ -1,121 +1,213 @@
 /**
- * Notifications when a suspend or restore finishes or fails, from the state
+ * Notifications: when a suspend or restore finishes or fails, from the state
  * transitions the model sees (whoever started the operation: this tab,
- * another tab, the idle culler, or a cell run in a suspended kernel).
+ * another tab, the idle culler, or a cell run in a suspended kernel), and
+ * when a suspend is refused because a cell runs.
+ *
+ * Messages fit a toast (state.ts: TOAST_MAX); details are behind an action.
+ * A notice that no longer applies (a refusal once the kernel is idle or
+ * suspended, a failure once the next operation starts) is dismissed.
  */
-import { Notification } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { CommandRegistry } from '@lumino/commands';
 
 import { GpucrModel, IKernelTransition } from './model';
-import { INotice, kernelLabel, NoticeAction, transitionNotice } from './state';
+import {
+  busyNotice,
+  formatLost,
+  INotice,
+  kernelLabel,
+  NoticeAction,
+  transitionNotice
+} from './state';
 import { CommandIDs } from './tokens';
 
-export function connectNotifications(options: {
-  model: GpucrModel;
-  commands: CommandRegistry;
-  pathForKernel: (kernelId: string) => string | null;
-}): void {
-  const { model, commands, pathForKernel } = options;
+export class GpucrNotifier {
+  constructor(options: GpucrNotifier.IOptions) {
+    this._model = options.model;
+    this._commands = options.commands;
+    this._pathForKernel = options.pathForKernel;
+    this._model.kernelChanged.connect(this._onKernelChanged, this);
+  }
 
-  const action = (
-    name: NoticeAction,
-    kernelId: string
-  ): Notification.IAction => {
+  /** The name the user knows a kernel by: its notebook's file name. */
+  label(kernelId: string): string {
+    return kernelLabel(kernelId, this._pathForKernel(kernelId));
+  }
+
+  /** Show a notice about a kernel; it replaces the kernel's last sticky one. */
+  show(kernelId: string, notice: INotice): void {
+    this.dismiss(kernelId);
+    const id = Notification.emit(notice.message, notice.type, {
+      autoClose: notice.autoClose,
+      actions: notice.actions.map(name => this._action(name, kernelId))
+    });
+    if (notice.autoClose === false) {
+      this._sticky.set(kernelId, id);
+    }
+  }
+
+  /** Say that a suspend was refused because a cell runs, and what to do. */
+  showBusy(kernelId: string): void {
+    this.show(kernelId, busyNotice(this.label(kernelId)));
+    this._busy.add(kernelId);
+  }
+
+  /** The kernel's cell finished (JupyterLab saw it go idle). */
+  kernelIdle(kernelId: string): void {
+    if (this._busy.has(kernelId)) {
+      this.dismiss(kernelId);
+    }
+  }
+
+  /** Close the kernel's sticky notice, if any. */
+  dismiss(kernelId: string): void {
+    const id = this._sticky.get(kernelId);
+    if (id !== undefined) {
+      Notification.dismiss(id);
+      this._sticky.delete(kernelId);
+    }
+    this._busy.delete(kernelId);
+  }
+
+  private _onKernelChanged(_: GpucrModel, change: IKernelTransition): void {
+    const { kernelId, previous, current } = change;
+    if (!current) {
+      this.dismiss(kernelId);
+      return;
+    }
+    if (previous && previous.state !== current.state) {
+      // A new state: the refusal or failure of the last one is stale.
+      this.dismiss(kernelId);
+    }
+    const notice = transitionNotice(previous, current, this.label(kernelId));
+    if (notice) {
+      this.show(kernelId, notice);
+    }
+  }
+
+  private _details(kernelId: string): void {
+    const state = this._model.getKernel(kernelId);
+    const lines: string[] = [];
+    if (state?.error) {
+      lines.push(state.error);
+      if (state.hint) {
+        lines.push(`What to do: ${state.hint}`);
+      }
+    }
+    const lost = formatLost(state?.lost, 10000);
+    if (lost) {
+      lines.push(
+        `Not kept by the last restore: ${lost}.` +
+          (state?.lost ?? [])
+            .filter(l => l.reason)
+            .map(l => `\n${l.name}: ${l.reason}`)
+            .join('')
+      );
+    }
+    for (const warning of state?.warnings ?? []) {
+      lines.push(warning);
+    }
+    void showDialog({
+      title: this.label(kernelId),
+      body: lines.join('\n\n') || 'Nothing more to say.',
+      buttons: [Dialog.okButton({ label: 'Close' })]
+    });
+  }
+
+  private _action(name: NoticeAction, kernelId: string): Notification.IAction {
+    const run =
+      (command: string, args: { [key: string]: any } = {}) =>
+      () =>
+        void this._commands.execute(command, { kernelId, ...args });
     switch (name) {
       case 'retry-suspend':
         return {
           label: 'Retry',
           caption: 'Suspend the kernel again',
-          callback: () =>
-            void commands.execute(CommandIDs.suspend, {
-              kernelId,
-              confirm: false
-            })
+          callback: run(CommandIDs.suspend, { confirm: false })
         };
       case 'suspend-snapshot':
         return {
-          label: 'Try snapshot',
+          label: 'Try saved variables',
           caption:
-            'Suspend with the portable snapshot engine (the kernel saves its own variables; no CRIU needed)',
-          callback: () =>
-            void commands.execute(CommandIDs.suspend, {
-              kernelId,
-              engine: 'snapshot',
-              confirm: false
-            })
+            'Suspend with the snapshot engine: the kernel saves its own variables (no CRIU needed)',
+          callback: run(CommandIDs.suspend, {
+            engine: 'snapshot',
+            confirm: false
+          })
+        };
+      case 'suspend-when-idle':
+        return {
+          label: 'Suspend when this cell finishes',
+          caption: 'The kernel is suspended as soon as the running cell ends',
+          callback: run(CommandIDs.suspend, { when: 'idle', confirm: false })
+        };
+      case 'interrupt-and-suspend':
+        return {
+          label: 'Interrupt and suspend',
+          caption: 'Interrupt the running cell, then suspend the kernel',
+          callback: run(CommandIDs.suspend, {
+            when: 'interrupt',
+            confirm: false
+          })
+        };
+      case 'cancel-suspend':
+        return {
+          label: 'Cancel',
+          caption: 'Keep the kernel running',
+          callback: run(CommandIDs.cancelSuspend)
         };
       case 'retry-resume':
         return {
           label: 'Retry',
           caption: 'Restore the kernel again',
-          callback: () => void commands.execute(CommandIDs.resume, { kernelId })
+          callback: run(CommandIDs.resume)
         };
       case 'resume-other-gpu':
         return {
           label: 'Choose GPU…',
           caption: 'Restore the kernel on another GPU',
-          callback: () =>
-            void commands.execute(CommandIDs.resume, {
-              kernelId,
-              chooseGpu: true
-            })
+          callback: run(CommandIDs.resume, { chooseGpu: true })
+        };
+      case 'details':
+        return {
+          label: 'Details',
+          caption: 'The whole message and what to do',
+          displayType: 'link',
+          callback: () => this._details(kernelId)
         };
       case 'doctor':
         return {
           label: 'Diagnose',
-          caption: 'Open the checkpoints panel and its doctor report',
+          caption: 'Open the gpucr panel and its doctor report',
           displayType: 'link',
           callback: () => {
-            void model.refreshDoctor();
-            void commands.execute(CommandIDs.openPanel);
+            void this._model.refreshDoctor();
+            void this._commands.execute(CommandIDs.openPanel);
           }
         };
       case 'open-panel':
       default:
         return {
-          label: 'Checkpoints',
+          label: 'Open gpucr panel',
           displayType: 'link',
-          callback: () => void commands.execute(CommandIDs.openPanel)
+          callback: () => void this._commands.execute(CommandIDs.openPanel)
         };
     }
-  };
+  }
 
-  const show = (notice: INotice, kernelId: string) => {
-    Notification.emit(notice.message, notice.type, {
-      autoClose: notice.type === 'success' ? 6000 : false,
-      actions: notice.actions.map(name => action(name, kernelId))
-    });
-  };
+  private _model: GpucrModel;
+  private _commands: CommandRegistry;
+  private _pathForKernel: (kernelId: string) => string | null;
+  private _sticky = new Map<string, string>();
+  private _busy = new Set<string>();
+}
 
-  model.kernelChanged.connect((_: GpucrModel, change: IKernelTransition) => {
-    const current = change.current;
-    if (!current) {
-      return;
-    }
-    const label = kernelLabel(change.kernelId, pathForKernel(change.kernelId));
-    const notice = transitionNotice(change.previous, current, label);
-    if (!notice) {
-      return;
-    }
-    if (notice.type !== 'error' || current.hint) {
-      show(notice, change.kernelId);
-      return;
-    }
-    // Events carry the error but not the server's hint (what the user can
-    // do); the REST state has both.
-    model.client
-      .getKernel(change.kernelId)
-      .then(fresh => {
-        const better =
-          fresh && fresh.error === current.error && fresh.hint
-            ? transitionNotice(
-                change.previous,
-                { ...current, hint: fresh.hint },
-                label
-              )
-            : null;
-        show(better ?? notice, change.kernelId);
-      })
-      .catch(() => show(notice, change.kernelId));
-  });
+export namespace GpucrNotifier {
+  export interface IOptions {
+    model: GpucrModel;
+    commands: CommandRegistry;
+    pathForKernel: (kernelId: string) => string | null;
+  }
 }

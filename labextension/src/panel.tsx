@@ -1,6 +1,7 @@
 /**
- * The side panel: suspended kernels, checkpoints on disk and the GPUs with
- * their free memory, with Resume and Delete buttons.
+ * The side panel: one row per suspended kernel (with its checkpoint),
+ * the checkpoints no kernel is suspended in, the trash, the GPUs with their
+ * free memory, and what works on this server.
  */
 import {
   ReactWidget,
@@ -11,16 +12,24 @@ import { CommandRegistry } from '@lumino/commands';
 import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
-import {
-  basename,
-  formatBytes,
-  formatDate,
-  formatProgress,
-  formatSince
-} from './format';
+import { formatBytes, formatDate, formatProgress, formatSince } from './format';
 import { gpuIcon } from './icons';
-import { GpucrModel, ICheckpoint, IGpu, IKernelState } from './model';
-import { describeKernelState, isTransient } from './state';
+import {
+  GpucrModel,
+  ICheckpoint,
+  IGpu,
+  IKernelState,
+  ITrashItem
+} from './model';
+import {
+  describeKernelState,
+  doctorHeadline,
+  engineLabel,
+  groupForPanel,
+  isTransient,
+  kernelLabel,
+  kindLabel
+} from './state';
 import { CommandIDs } from './tokens';
 
 export class GpucrPanel extends ReactWidget {
@@ -31,7 +40,7 @@ export class GpucrPanel extends ReactWidget {
     this._pathForKernel = options.pathForKernel;
     this.id = 'jp-gpucr-panel';
     this.title.icon = gpuIcon;
-    this.title.caption = 'GPU checkpoints';
+    this.title.caption = 'Suspended kernels (gpucr)';
     this.addClass('jp-gpucr-Panel');
     this._model.changed.connect(() => {
       if (this.isVisible) {
@@ -56,13 +65,12 @@ export class GpucrPanel extends ReactWidget {
 
   render(): JSX.Element {
     const model = this._model;
-    const suspended = [...model.kernels.values()].filter(
-      k => k.state !== 'running'
-    );
+    const groups = groupForPanel(model.kernels.values(), model.checkpoints);
+    const loading = model.listsLoaded ? null : 'Loading…';
     return (
       <div className="jp-gpucr-Panel-content">
         <div className="jp-gpucr-Panel-header">
-          <h2>GPU checkpoints</h2>
+          <h2>Suspended kernels</h2>
           <ToolbarButtonComponent
             icon={refreshIcon}
             tooltip="Refresh"
@@ -82,33 +90,42 @@ export class GpucrPanel extends ReactWidget {
           <div className="jp-gpucr-Panel-error">{model.listError}</div>
         )}
         <section className="jp-gpucr-Panel-section jp-gpucr-Panel-kernels">
-          <h3>Suspended kernels</h3>
-          {suspended.length === 0 ? (
+          {groups.kernels.length === 0 ? (
             <p className="jp-gpucr-Panel-empty">
-              No kernel is suspended. Use “Suspend Kernel to Disk” in a
-              notebook’s toolbar or Kernel menu.
+              {loading ??
+                'No kernel is suspended. Use “Suspend Kernel to Disk” in a notebook’s toolbar or Kernel menu.'}
             </p>
           ) : (
-            <ul>{suspended.map(k => this._renderKernel(k))}</ul>
+            <ul>
+              {groups.kernels.map(row =>
+                this._renderKernel(row.state, row.checkpoint)
+              )}
+            </ul>
           )}
         </section>
-        <section className="jp-gpucr-Panel-section jp-gpucr-Panel-checkpoints">
-          <h3>Checkpoints on disk</h3>
-          {model.checkpoints.length === 0 ? (
+        {groups.checkpoints.length > 0 && (
+          <section className="jp-gpucr-Panel-section jp-gpucr-Panel-checkpoints">
+            <h3>Checkpoints without a suspended kernel</h3>
+            <ul>{groups.checkpoints.map(c => this._renderCheckpoint(c))}</ul>
+          </section>
+        )}
+        <section className="jp-gpucr-Panel-section jp-gpucr-Panel-trash">
+          <h3>Trash</h3>
+          {model.trash.length === 0 ? (
             <p className="jp-gpucr-Panel-empty">
-              {model.listsLoaded ? 'No checkpoint.' : 'Loading…'}
+              {loading ??
+                'Empty. Shutting down or restarting a suspended kernel puts its saved state here for a day.'}
             </p>
           ) : (
-            <ul>{model.checkpoints.map(c => this._renderCheckpoint(c))}</ul>
+            <ul>{model.trash.map(t => this._renderTrash(t))}</ul>
           )}
         </section>
         <section className="jp-gpucr-Panel-section jp-gpucr-Panel-gpus">
           <h3>GPUs</h3>
           {model.gpus.length === 0 ? (
             <p className="jp-gpucr-Panel-empty">
-              {model.listsLoaded
-                ? 'No GPU visible to the server: kernels run on the CPU, and suspend saves their CPU state.'
-                : 'Loading…'}
+              {loading ??
+                'No GPU visible to the server: kernels run on the CPU, and suspending saves their CPU memory.'}
             </p>
           ) : (
             <ul>{model.gpus.map(g => this._renderGpu(g))}</ul>
@@ -119,19 +136,27 @@ export class GpucrPanel extends ReactWidget {
     );
   }
 
-  private _renderKernel(state: IKernelState): JSX.Element {
-    const path =
-      this._pathForKernel(state.kernel_id) ??
-      this._model.checkpoints.find(c => c.kernel_id === state.kernel_id)
-        ?.notebook_path ??
-      null;
+  private _name(kernelId: string, fallback?: string | null): string {
+    return kernelLabel(kernelId, this._pathForKernel(kernelId) ?? fallback);
+  }
+
+  private _renderKernel(
+    state: IKernelState,
+    checkpoint: ICheckpoint | null
+  ): JSX.Element {
+    const path = this._pathForKernel(state.kernel_id);
     const { label, title } = describeKernelState(state);
-    const checkpoint = state.checkpoint;
-    // The label already says the size and age.
+    const engine = checkpoint?.engine ?? state.checkpoint?.engine;
     const details = [
-      checkpoint?.engine ?? state.engine ?? '',
-      checkpoint?.gpu_model ?? ''
+      engineLabel(engine ?? state.engine),
+      kindLabel(
+        state.kind,
+        checkpoint?.gpu_model ?? state.checkpoint?.gpu_model
+      ),
+      checkpoint?.reason ?? ''
     ].filter(Boolean);
+    const run = (command: string) => () =>
+      void this._commands.execute(command, { kernelId: state.kernel_id });
     return (
       <li
         key={state.kernel_id}
@@ -141,12 +166,12 @@ export class GpucrPanel extends ReactWidget {
       >
         <div className="jp-gpucr-Item-main">
           <div className="jp-gpucr-Item-title" title={path ?? state.kernel_id}>
-            {path ? basename(path) : `kernel ${state.kernel_id.slice(0, 8)}`}
+            {this._name(state.kernel_id)}
           </div>
           <div className="jp-gpucr-Item-detail" title={title}>
             {label}
           </div>
-          {details.length > 0 && (
+          {state.state === 'suspended' && details.length > 0 && (
             <div className="jp-gpucr-Item-detail">{details.join(' · ')}</div>
           )}
           {isTransient(state.state) && state.progress && (
@@ -157,16 +182,30 @@ export class GpucrPanel extends ReactWidget {
         </div>
         <div className="jp-gpucr-Item-actions">
           {state.state === 'suspended' && (
+            <>
+              <button
+                className="jp-mod-styled jp-mod-accept jp-gpucr-resume"
+                title="Bring this kernel back, its variables intact"
+                onClick={run(CommandIDs.resume)}
+              >
+                Resume
+              </button>
+              <button
+                className="jp-mod-styled jp-mod-warn jp-gpucr-shutdown"
+                title="Shut the kernel down; its saved state goes to the trash for a day"
+                onClick={run(CommandIDs.shutdownKernel)}
+              >
+                Shut down
+              </button>
+            </>
+          )}
+          {state.state === 'suspend-pending' && (
             <button
-              className="jp-mod-styled jp-mod-accept jp-gpucr-resume"
-              title="Restore this kernel on a GPU with room"
-              onClick={() =>
-                void this._commands.execute(CommandIDs.resume, {
-                  kernelId: state.kernel_id
-                })
-              }
+              className="jp-mod-styled jp-gpucr-cancel"
+              title="Keep the kernel running"
+              onClick={run(CommandIDs.cancelSuspend)}
             >
-              Resume
+              Cancel
             </button>
           )}
         </div>
@@ -175,21 +214,10 @@ export class GpucrPanel extends ReactWidget {
   }
 
   private _renderCheckpoint(checkpoint: ICheckpoint): JSX.Element {
-    const kernel = checkpoint.kernel_id
-      ? this._model.getKernel(checkpoint.kernel_id)
-      : undefined;
-    // The open notebook's path first: it follows renames after the suspend.
-    const path =
-      (checkpoint.kernel_id
-        ? this._pathForKernel(checkpoint.kernel_id)
-        : null) ?? checkpoint.notebook_path;
-    const live =
-      kernel?.state === 'suspended' &&
-      (!kernel.checkpoint || kernel.checkpoint.id === checkpoint.id);
     const details = [
       formatBytes(checkpoint.size),
-      checkpoint.engine ?? '',
-      checkpoint.gpu_model ?? 'CPU only',
+      engineLabel(checkpoint.engine),
+      kindLabel(null, checkpoint.gpu_model),
       checkpoint.reason ?? ''
     ].filter(Boolean);
     return (
@@ -201,37 +229,23 @@ export class GpucrPanel extends ReactWidget {
         <div className="jp-gpucr-Item-main">
           <div
             className="jp-gpucr-Item-title"
-            title={`${path ?? checkpoint.name}\n${checkpoint.id}`}
+            title={`${checkpoint.notebook_path ?? checkpoint.name}\n${checkpoint.id}`}
           >
-            {path ? basename(path) : checkpoint.name || checkpoint.id}
+            {this._name(checkpoint.kernel_id ?? '', checkpoint.notebook_path)}
           </div>
           <div
             className="jp-gpucr-Item-detail"
             title={formatDate(checkpoint.created)}
           >
+            saved{' '}
             {formatSince(checkpoint.created) || formatDate(checkpoint.created)}
-            {live ? ' · kernel suspended' : ''}
           </div>
           <div className="jp-gpucr-Item-detail">{details.join(' · ')}</div>
         </div>
         <div className="jp-gpucr-Item-actions">
-          {live && (
-            <button
-              className="jp-mod-styled jp-mod-accept jp-gpucr-resume"
-              title="Restore the kernel from this checkpoint"
-              onClick={() =>
-                void this._commands.execute(CommandIDs.resume, {
-                  kernelId: checkpoint.kernel_id!
-                })
-              }
-            >
-              Resume
-            </button>
-          )}
           <button
             className="jp-mod-styled jp-mod-warn jp-gpucr-delete"
-            title="Delete this checkpoint from disk"
-            aria-label={`Delete checkpoint ${checkpoint.id}`}
+            title="Delete this checkpoint from disk, for good"
             onClick={() =>
               void this._commands.execute(CommandIDs.deleteCheckpoint, {
                 checkpointId: checkpoint.id
@@ -239,6 +253,58 @@ export class GpucrPanel extends ReactWidget {
             }
           >
             Delete
+          </button>
+        </div>
+      </li>
+    );
+  }
+
+  private _renderTrash(item: ITrashItem): JSX.Element {
+    const details = [
+      formatBytes(item.size),
+      engineLabel(item.engine),
+      kindLabel(item.kind),
+      item.reason === 'restart' ? 'restarted' : 'shut down'
+    ].filter(Boolean);
+    const run = (command: string) => () =>
+      void this._commands.execute(command, { trashId: item.id });
+    return (
+      <li
+        key={item.id}
+        className="jp-gpucr-Item jp-gpucr-Trash"
+        data-trash-id={item.id}
+        data-kernel-id={item.kernel_id ?? ''}
+      >
+        <div className="jp-gpucr-Item-main">
+          <div
+            className="jp-gpucr-Item-title"
+            title={item.notebook_path ?? item.name}
+          >
+            {kernelLabel(item.kernel_id ?? '', item.notebook_path)}
+          </div>
+          <div
+            className="jp-gpucr-Item-detail"
+            title={`Deleted for good at ${formatDate(item.expires_at)}`}
+          >
+            trashed{' '}
+            {formatSince(item.trashed_at) || formatDate(item.trashed_at)}
+          </div>
+          <div className="jp-gpucr-Item-detail">{details.join(' · ')}</div>
+        </div>
+        <div className="jp-gpucr-Item-actions">
+          <button
+            className="jp-mod-styled jp-mod-accept jp-gpucr-restore"
+            title="Put it back: the kernel is suspended again, its variables intact"
+            onClick={run(CommandIDs.restoreFromTrash)}
+          >
+            Restore
+          </button>
+          <button
+            className="jp-mod-styled jp-mod-warn jp-gpucr-delete-forever"
+            title="Delete it from disk, for good"
+            onClick={run(CommandIDs.deleteFromTrash)}
+          >
+            Delete forever
           </button>
         </div>
       </li>
@@ -279,16 +345,10 @@ export class GpucrPanel extends ReactWidget {
     if (!doctor || !Array.isArray(doctor.checks)) {
       return null;
     }
-    const failing = doctor.checks.filter(c => !c.ok).length;
     return (
       <section className="jp-gpucr-Panel-section jp-gpucr-Panel-doctor">
         <details>
-          <summary>
-            What works here:{' '}
-            {doctor.ok
-              ? 'everything'
-              : `${failing} check${failing === 1 ? '' : 's'} failing`}
-          </summary>
+          <summary>What works on this server: {doctorHeadline(doctor)}</summary>
           <ul>
             {doctor.checks.map(check => (
               <li
@@ -320,7 +380,7 @@ export namespace GpucrPanel {
   export interface IOptions {
     model: GpucrModel;
     commands: CommandRegistry;
-    /** The notebook path of a running session's kernel, if any. */
+    /** The notebook path of a kernel, now. */
     pathForKernel: (kernelId: string) => string | null;
   }
 }

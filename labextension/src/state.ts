@@ -1,20 +1,37 @@
 /**
  * Kernel state logic, apart from any widget: what the status bar says for a
  * state, how an event updates a state, which transitions deserve a
- * notification and what the user can do after a failure.
+ * notification, what the dialogs say, and how the side panel groups kernels,
+ * checkpoints and the trash.
  *
  * Pure functions, unit-tested in src/__tests__/state.test.ts.
  */
 import {
   basename,
   formatBytes,
+  formatClock,
   formatDate,
+  formatDuration,
   formatProgress,
   formatSeconds,
   formatSince,
+  parseTime,
   truncate
 } from './format';
-import type { IKernelState, IKernelStateEvent, KernelStateName } from './types';
+import type {
+  ICheckpoint,
+  IDoctorReport,
+  IKernelState,
+  IKernelStateEvent,
+  ILostItem,
+  KernelStateName
+} from './types';
+
+/** JupyterLab cuts notification messages at this many characters. */
+export const TOAST_MAX = 140;
+
+/** How long the server keeps a shut down kernel's checkpoint in the trash, by default. */
+export const TRASH_HOURS = 24;
 
 /** The visual kind of a status, used as a CSS modifier. */
 export type StatusKind = 'gpu' | 'cpu' | 'busy' | 'suspended' | 'error';
@@ -29,7 +46,6 @@ export interface IStatusDescription {
   kind: StatusKind;
 }
 
-/** States in which an operation is in flight. */
 /** A kernel state with nothing known yet but its id and state. */
 export function emptyState(
   kernelId: string,
@@ -38,17 +54,27 @@ export function emptyState(
   return {
     kernel_id: kernelId,
     state,
+    kind: 'cpu',
     engine: null,
+    engine_reason: null,
     checkpoint: null,
     gpu: null,
     progress: null,
+    notebook_path: null,
     suspended_at: null,
+    pending_since: null,
+    restored_at: null,
+    suspended_for: null,
+    lost: [],
+    warnings: [],
     error: null,
     hint: null,
+    trim: null,
     timings: null
   };
 }
 
+/** States in which an operation is in flight (the UI polls fast). */
 export function isTransient(
   state: KernelStateName | null | undefined
 ): boolean {
@@ -65,12 +91,36 @@ export function canResume(state: IKernelState | null | undefined): boolean {
   return !!state && state.state === 'suspended';
 }
 
+/** Plain words for an engine: `whole process` (criu), `saved variables` (snapshot). */
+export function engineLabel(engine: string | null | undefined): string {
+  switch (engine) {
+    case 'criu':
+      return 'whole process';
+    case 'snapshot':
+      return 'saved variables';
+    default:
+      return engine ?? '';
+  }
+}
+
+/** What a kernel or checkpoint holds: `CPU`, or the GPU model (`GPU` when unknown). */
+export function kindLabel(
+  kind: string | null | undefined,
+  gpuModel?: string | null
+): string {
+  if (kind === 'gpu' || gpuModel) {
+    return gpuModel || 'GPU';
+  }
+  return 'CPU';
+}
+
 /**
  * Describe a kernel state for the status bar.
  *
  * `running` on a GPU: `GPU 0 · NVIDIA H200 · 5.7 GiB`; without one: `CPU`;
- * `suspending`/`restoring` with progress; `suspended` with the checkpoint
- * size and how long ago; the last error, if any, is flagged with `⚠`.
+ * `suspend-pending`: `Suspend after this cell`; `suspending`/`restoring`
+ * with progress; `suspended` with the checkpoint size and how long ago; the
+ * last error, if any, is flagged with `⚠`.
  */
 export function describeKernelState(
   state: IKernelState,
@@ -113,6 +163,16 @@ export function describeKernelState(
       }
       return { label, title, kind };
     }
+    case 'suspend-pending': {
+      const since = formatSince(state.pending_since ?? null, now);
+      return {
+        label: 'Suspend after this cell',
+        title:
+          'The kernel is suspended to disk as soon as the running cell ' +
+          `finishes${since ? ` (asked ${since})` : ''}. Cancel keeps it running.`,
+        kind: 'busy'
+      };
+    }
     case 'suspending': {
       const progress = formatProgress(state.progress);
       return {
@@ -125,16 +185,14 @@ export function describeKernelState(
       const progress = formatProgress(state.progress);
       return {
         label: truncate(`Restoring… ${progress}`.trim(), 60),
-        title: `Restoring the kernel from its checkpoint${progress ? `: ${progress}` : ''}. Cells run as soon as it is back.`,
+        title: `Restoring the kernel from disk${progress ? `: ${progress}` : ''}. Cells run as soon as it is back.`,
         kind: 'busy'
       };
     }
     case 'suspended': {
       const size = state.checkpoint?.size;
-      const since = formatSince(
-        state.suspended_at ?? state.checkpoint?.created ?? null,
-        now
-      );
+      const savedAt = state.suspended_at ?? state.checkpoint?.created ?? null;
+      const since = formatSince(savedAt, now);
       const parts = ['Suspended'];
       if (typeof size === 'number') {
         parts.push(`${formatBytes(size)} on disk`);
@@ -143,16 +201,16 @@ export function describeKernelState(
         parts.push(since);
       }
       let label = parts.join(' · ');
+      const details = [
+        typeof size === 'number' ? formatBytes(size) : '',
+        engineLabel(state.checkpoint?.engine ?? state.engine),
+        kindLabel(state.kind, state.checkpoint?.gpu_model)
+      ].filter(Boolean);
       let title =
-        'Kernel is suspended to disk' +
-        (typeof size === 'number' ? ` (${formatBytes(size)}` : ' (') +
-        (state.checkpoint?.engine || state.engine
-          ? `${typeof size === 'number' ? ', ' : ''}${state.checkpoint?.engine ?? state.engine}`
-          : '') +
-        ')' +
-        (state.suspended_at ? ` since ${formatDate(state.suspended_at)}` : '') +
+        'Kernel is suspended to disk, no process runs' +
+        (details.length ? ` (${details.join(', ')})` : '') +
+        (savedAt ? `, since ${formatDate(savedAt)}` : '') +
         '. Run a cell or click Resume to bring it back.';
-      title = title.replace(' ()', '');
       let kind: StatusKind = 'suspended';
       if (error) {
         label += ' · ⚠ restore failed';
@@ -177,8 +235,9 @@ export function describeKernelState(
  * Apply a kernel-state event to the last known state of that kernel.
  *
  * Progress is taken from the event while an operation runs and dropped when
- * it ends; everything the event does not carry (GPU, checkpoint) is kept
- * until the next poll brings the full state.
+ * it ends; the restore fields and the notebook path are taken when the event
+ * has them; everything else (GPU, checkpoint) is kept until the next poll
+ * brings the full state.
  */
 export function mergeEvent(
   previous: IKernelState | undefined,
@@ -188,9 +247,9 @@ export function mergeEvent(
     previous ?? emptyState(event.kernel_id, event.state);
   const transient = isTransient(event.state);
   const hasProgress =
-    !!event.phase ||
     typeof event.bytes_done === 'number' ||
-    typeof event.bytes_total === 'number';
+    typeof event.bytes_total === 'number' ||
+    (transient && !!event.phase);
   const next: IKernelState = {
     ...base,
     state: event.state,
@@ -205,47 +264,141 @@ export function mergeEvent(
           ? base.progress
           : null
   };
+  if (event.notebook_path) {
+    next.notebook_path = event.notebook_path;
+  }
+  if (event.restored_at !== undefined) {
+    next.restored_at = event.restored_at;
+  }
+  if (event.suspended_for !== undefined) {
+    next.suspended_for = event.suspended_for;
+  }
+  if (event.lost !== undefined) {
+    next.lost = event.lost;
+  }
   if (event.error) {
     next.error = event.error;
-    if (event.error !== base.error) {
-      // The hint belongs to the old error; the next poll brings the new one.
-      next.hint = null;
-    }
+    next.hint =
+      event.hint ?? (event.error !== base.error ? null : (base.hint ?? null));
   } else if (
     event.error !== undefined ||
     (transient && base.state !== event.state)
   ) {
-    // The server sends "" for "no error"; a new operation also clears
-    // the error of the last one.
+    // The server sends "" or null for "no error"; a new operation also
+    // clears the error of the last one.
     next.error = null;
     next.hint = null;
   }
   if (event.state === 'running') {
     next.suspended_at = null;
-  }
-  if (event.state === 'suspending' && base.state === 'running') {
-    next.gpu = base.gpu;
+    next.pending_since = null;
   }
   if (event.state === 'suspended') {
     next.gpu = null;
+    next.pending_since = null;
   }
   return next;
 }
 
-/** What a notification offers after a failure. */
+/** What a notification offers. */
 export type NoticeAction =
   | 'retry-suspend'
   | 'suspend-snapshot'
+  | 'suspend-when-idle'
+  | 'interrupt-and-suspend'
+  | 'cancel-suspend'
   | 'retry-resume'
   | 'resume-other-gpu'
+  | 'details'
   | 'open-panel'
   | 'doctor';
 
-/** A notification to show for a state transition. */
+/** A notification to show. */
 export interface INotice {
   type: 'success' | 'error' | 'warning' | 'info';
   message: string;
   actions: NoticeAction[];
+  /** Close by itself (milliseconds), or stay until closed or no longer true. */
+  autoClose: number | false;
+}
+
+/** A name short enough for a notification. */
+function shortName(label: string): string {
+  return truncate(label, 48);
+}
+
+/** `msg` fitted to a toast: never longer than TOAST_MAX. */
+export function fitToast(msg: string): string {
+  return truncate(msg, TOAST_MAX);
+}
+
+/**
+ * What the last restore did not bring back, for a sentence:
+ * `gen (generator), f (file) and 2 more`; `''` when nothing was lost.
+ */
+export function formatLost(lost: ILostItem[] | null | undefined, max = 40) {
+  if (!lost || !lost.length) {
+    return '';
+  }
+  const items = lost.map(l => (l.type ? `${l.name} (${l.type})` : l.name));
+  let text = items[0];
+  let shown = 1;
+  while (shown < items.length && (text + ', ' + items[shown]).length <= max) {
+    text += ', ' + items[shown];
+    shown++;
+  }
+  const rest = items.length - shown;
+  return rest ? `${text} and ${rest} more` : text;
+}
+
+/**
+ * The notice after a restore, from the REST/event fields: `train.ipynb was
+ * restored from disk after 3 min (onto GPU 1); not kept: gen (generator)`.
+ */
+export function restoredNotice(current: IKernelState, label: string): INotice {
+  const after =
+    typeof current.suspended_for === 'number'
+      ? ` after ${formatDuration(current.suspended_for)}`
+      : '';
+  const where = current.gpu ? `onto GPU ${current.gpu.index}` : 'onto the CPU';
+  const lost = formatLost(current.lost);
+  return {
+    type: lost ? 'warning' : 'success',
+    message: fitToast(
+      `${shortName(label)} was restored from disk${after} (${where})` +
+        (lost ? `; not kept: ${lost}` : '.')
+    ),
+    actions: lost ? ['details'] : [],
+    autoClose: lost ? false : 6000
+  };
+}
+
+/** The notice when a suspended kernel was restarted instead of restored. */
+export function restartedNotice(label: string): INotice {
+  return {
+    type: 'info',
+    message:
+      `${shortName(label)} restarted as a fresh kernel: its variables are ` +
+      'gone. The saved state is in the trash.',
+    actions: ['open-panel'],
+    autoClose: 10000
+  };
+}
+
+/** The notice when a suspend was refused because a cell runs. */
+export function busyNotice(label: string): INotice {
+  return {
+    type: 'warning',
+    message: `${shortName(label)} is running a cell, so it was not suspended.`,
+    actions: ['suspend-when-idle', 'interrupt-and-suspend'],
+    autoClose: false
+  };
+}
+
+function timesDiffer(a: unknown, b: unknown): boolean {
+  const ta = parseTime((a as string | number | null | undefined) ?? null);
+  const tb = parseTime((b as string | number | null | undefined) ?? null);
+  return (ta?.getTime() ?? 0) !== (tb?.getTime() ?? 0);
 }
 
 /**
@@ -253,6 +406,8 @@ export interface INotice {
  *
  * `label` names the kernel for the user (its notebook, or its id).
  * The first observation of a kernel (`previous` undefined) never notifies.
+ * Messages fit a toast (TOAST_MAX); the full error and hint are behind the
+ * Details action and in the status bar's tooltip.
  */
 export function transitionNotice(
   previous: IKernelState | undefined,
@@ -262,36 +417,33 @@ export function transitionNotice(
   if (!previous) {
     return null;
   }
-  const name = label || current.kernel_id.slice(0, 8);
+  const name = shortName(label || current.kernel_id.slice(0, 8));
   const error = current.error ? current.error.trim() : '';
   const hint = current.hint ? current.hint.trim() : '';
   if (error && error !== (previous.error ?? '').trim()) {
     if (current.state === 'running') {
-      const actions: NoticeAction[] = ['retry-suspend'];
+      const actions: NoticeAction[] = ['details', 'retry-suspend'];
       if (/snapshot/i.test(hint) && !/not wired/i.test(error + hint)) {
         actions.push('suspend-snapshot');
       }
       actions.push('doctor');
       return {
         type: 'error',
-        message:
-          `Suspend of ${name} failed; the kernel keeps running. ` +
-          `${sentence(truncate(error, 300))} ` +
-          (hint ||
-            'Retry when the kernel is idle, or see what works on this ' +
-              'server (`gpucr doctor`).'),
-        actions
+        message: fitToast(
+          `Suspend of ${name} failed; it keeps running. ${sentence(error)}`
+        ),
+        actions,
+        autoClose: false
       };
     }
     if (current.state === 'suspended') {
       return {
         type: 'error',
-        message:
-          `Restore of ${name} failed; its checkpoint is kept. ` +
-          `${sentence(truncate(error, 300))} ` +
-          (hint ||
-            'Retry, restore on another GPU, or restart the kernel to start fresh.'),
-        actions: ['retry-resume', 'resume-other-gpu']
+        message: fitToast(
+          `Restore of ${name} failed; its saved state is kept. ${sentence(error)}`
+        ),
+        actions: ['details', 'retry-resume', 'resume-other-gpu'],
+        autoClose: false
       };
     }
   }
@@ -300,49 +452,51 @@ export function transitionNotice(
   if (was === now) {
     return null;
   }
-  const took = formatSeconds(current.timings?.total);
-  if (now === 'suspended' && (was === 'suspending' || was === 'running')) {
+  if (now === 'suspend-pending' && was === 'running') {
+    return {
+      type: 'info',
+      message: `${name} will be suspended to disk when its cell finishes.`,
+      actions: ['cancel-suspend'],
+      autoClose: 6000
+    };
+  }
+  if (now === 'running' && was === 'suspend-pending' && !error) {
+    return {
+      type: 'info',
+      message: `The pending suspend of ${name} was cancelled; it keeps running.`,
+      actions: [],
+      autoClose: 5000
+    };
+  }
+  if (now === 'suspended' && was !== 'restoring') {
+    const took = formatSeconds(current.timings?.total);
     const size = current.checkpoint?.size;
-    const engine = current.checkpoint?.engine ?? current.engine;
     const details = [
       typeof size === 'number' ? formatBytes(size) : '',
-      engine ?? ''
+      engineLabel(current.checkpoint?.engine ?? current.engine)
     ].filter(Boolean);
     return {
       type: 'success',
-      message:
+      message: fitToast(
         `${name} was suspended to disk` +
-        (took ? ` in ${took}` : '') +
-        (details.length ? ` (${details.join(', ')})` : '') +
-        '. Its memory is free. Run a cell or click Resume to bring it back.',
-      actions: []
+          (took ? ` in ${took}` : '') +
+          (details.length ? ` (${details.join(', ')})` : '') +
+          '. Run a cell to bring it back.'
+      ),
+      actions: [],
+      autoClose: 6000
     };
   }
   if (now === 'running' && (was === 'restoring' || was === 'suspended')) {
-    const gpu = current.gpu;
-    const where = gpu ? `on GPU ${gpu.index} (${gpu.name})` : 'on the CPU';
-    return {
-      type: 'success',
-      message:
-        `${name} was restored ${where}` +
-        (took ? ` in ${took}` : '') +
-        '. Its variables are back.',
-      actions: []
-    };
-  }
-  if (now === 'running' && was === 'suspending') {
-    return {
-      type: 'warning',
-      message: `Suspending ${name} did not complete; the kernel keeps running.`,
-      actions: ['retry-suspend']
-    };
-  }
-  if (now === 'suspended' && was === 'restoring') {
-    return {
-      type: 'warning',
-      message: `Restoring ${name} did not complete; the checkpoint is kept.`,
-      actions: ['retry-resume', 'open-panel']
-    };
+    if (
+      current.restored_at &&
+      timesDiffer(current.restored_at, previous.restored_at)
+    ) {
+      return restoredNotice(current, label);
+    }
+    if (!error) {
+      return restartedNotice(label);
+    }
   }
   return null;
 }
@@ -369,4 +523,78 @@ export function stateChanged(
   b: IKernelState | undefined
 ): boolean {
   return JSON.stringify(a ?? null) !== JSON.stringify(b ?? null);
+}
+
+/**
+ * What the confirmation before a restart or shutdown of a suspended kernel
+ * says: `The suspended state of train.ipynb (5.0 GiB, saved at 14:02) goes to
+ * the trash for 24 h; you can bring it back from the gpucr panel.`
+ */
+export function trashWarning(
+  label: string,
+  state: IKernelState,
+  now: Date = new Date(),
+  hours: number = TRASH_HOURS
+): string {
+  const size = state.checkpoint?.size;
+  const saved = formatClock(
+    state.suspended_at ?? state.checkpoint?.created ?? null,
+    now
+  );
+  const details = [
+    typeof size === 'number' ? formatBytes(size) : '',
+    saved ? `saved at ${saved}` : ''
+  ].filter(Boolean);
+  return (
+    `The suspended state of ${label}` +
+    (details.length ? ` (${details.join(', ')})` : '') +
+    ` goes to the trash for ${hours} h; you can bring it back from the gpucr panel.`
+  );
+}
+
+/** The doctor report's headline: `Everything works`, `1 check fails`, `2 checks fail`. */
+export function doctorHeadline(report: IDoctorReport): string {
+  const failing = report.checks.filter(c => !c.ok).length;
+  if (failing === 0) {
+    return 'Everything works';
+  }
+  return failing === 1 ? '1 check fails' : `${failing} checks fail`;
+}
+
+/** The side panel's groups. */
+export interface IPanelGroups {
+  /** Kernels not plainly running (pending, suspending, suspended, restoring). */
+  kernels: Array<{ state: IKernelState; checkpoint: ICheckpoint | null }>;
+  /** Checkpoints no kernel is suspended in (old ones, or of kernels gone). */
+  checkpoints: ICheckpoint[];
+}
+
+/**
+ * One row per suspended (or otherwise not plainly running) kernel with its
+ * checkpoint; the other checkpoints apart.
+ */
+export function groupForPanel(
+  kernels: Iterable<IKernelState>,
+  checkpoints: ReadonlyArray<ICheckpoint>
+): IPanelGroups {
+  const rows: IPanelGroups['kernels'] = [];
+  const used = new Set<string>();
+  for (const state of kernels) {
+    if (state.state === 'running') {
+      continue;
+    }
+    const id = state.checkpoint?.id;
+    const checkpoint =
+      (state.state === 'suspended' || state.state === 'restoring') && id
+        ? (checkpoints.find(c => c.id === id) ?? null)
+        : null;
+    if (checkpoint) {
+      used.add(checkpoint.id);
+    }
+    rows.push({ state, checkpoint });
+  }
+  return {
+    kernels: rows,
+    checkpoints: checkpoints.filter(c => !used.has(c.id))
+  };
 }

@@ -1,7 +1,8 @@
 /**
  * The status bar item: what the current notebook's kernel is doing.
  *
- * `GPU 0 · NVIDIA H200 · 5.7 GiB`, `CPU`, `Suspending… writing image 40%`,
+ * `GPU 0 · NVIDIA H200 · 5.7 GiB`, `CPU`, `Suspend after this cell` (with
+ * Cancel), `Suspending… writing image 40%`,
  * `Suspended · 5.0 GiB on disk · 3 min ago`, `Restoring…`, plus a warning
  * when the last operation failed. Clicking it opens the side panel.
  */
@@ -19,6 +20,7 @@ export class GpucrStatus extends ReactWidget {
     super();
     this._model = options.model;
     this._onClick = options.onClick;
+    this._onCancel = options.onCancel;
     this.addClass('jp-gpucr-StatusItem');
     this._model.kernelChanged.connect(this._onKernelChanged, this);
     // Keep "3 min ago" fresh.
@@ -92,7 +94,7 @@ export class GpucrStatus extends ReactWidget {
       <div
         className={`jp-gpucr-Status jp-gpucr-Status-${kind}`}
         data-state={state.state}
-        title={title + '\nClick to open the GPU checkpoints panel.'}
+        title={title + '\nClick to open the gpucr panel.'}
         onClick={() => this._onClick?.()}
       >
         <icon.react
@@ -101,6 +103,18 @@ export class GpucrStatus extends ReactWidget {
           stylesheet="statusBar"
         />
         <span className="jp-gpucr-Status-label">{label}</span>
+        {state.state === 'suspend-pending' && (
+          <button
+            className="jp-gpucr-Status-cancel"
+            title="Keep the kernel running: cancel the pending suspend"
+            onClick={event => {
+              event.stopPropagation();
+              this._onCancel?.(state.kernel_id);
+            }}
+          >
+            Cancel
+          </button>
+        )}
         {percent !== null && (
           <span className="jp-gpucr-Status-bar" aria-hidden="true">
             <span style={{ width: `${percent}%` }} />
@@ -126,6 +140,7 @@ export class GpucrStatus extends ReactWidget {
 
   private _model: GpucrModel;
   private _onClick: (() => void) | undefined;
+  private _onCancel: ((kernelId: string) => void) | undefined;
   private _kernelId: string | null = null;
   private _enabled = true;
   private _clock: ReturnType<typeof setInterval>;
@@ -136,5 +151,7 @@ export namespace GpucrStatus {
   export interface IOptions {
     model: GpucrModel;
     onClick?: () => void;
+    /** Cancel a pending suspend of this kernel. */
+    onCancel?: (kernelId: string) => void;
   }
 }

@@ -20,11 +20,7 @@ export type Timestamp = string | number;
  * suspend waits for the running cell to finish.
  */
 export type KernelStateName =
-  | 'running'
-  | 'suspend-pending'
-  | 'suspending'
-  | 'suspended'
-  | 'restoring';
+  'running' | 'suspend-pending' | 'suspending' | 'suspended' | 'restoring';
 
 /** The checkpoint engines: criu (whole process), snapshot (saved variables). */
 export type EngineName = 'criu' | 'snapshot';

@@ -4,6 +4,7 @@ import { describe, it } from 'node:test';
 import {
   basename,
   formatBytes,
+  formatClock,
   formatDuration,
   formatProgress,
   formatSeconds,
@@ -162,5 +163,20 @@ describe('text helpers', () => {
     assert.equal(basename('Untitled.ipynb'), 'Untitled.ipynb');
     assert.equal(basename('dir/'), 'dir');
     assert.equal(basename(null), '');
+  });
+});
+
+describe('formatClock', () => {
+  it('says the time today and the date another day', () => {
+    const now = new Date(2026, 10, 30, 15, 0);
+    assert.equal(
+      formatClock(new Date(2026, 10, 30, 9, 5).getTime(), now),
+      '09:05'
+    );
+    assert.equal(
+      formatClock(new Date(2026, 10, 29, 23, 59).getTime(), now),
+      '29 Nov 23:59'
+    );
+    assert.equal(formatClock(null, now), '');
   });
 });

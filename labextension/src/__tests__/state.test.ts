@@ -2,16 +2,24 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import {
+  busyNotice,
   canResume,
   canSuspend,
   describeKernelState,
+  doctorHeadline,
+  engineLabel,
+  formatLost,
+  groupForPanel,
   isTransient,
   kernelLabel,
+  kindLabel,
   mergeEvent,
   stateChanged,
-  transitionNotice
+  TOAST_MAX,
+  transitionNotice,
+  trashWarning
 } from '../state';
-import type { IKernelState } from '../types';
+import type { ICheckpoint, IKernelState } from '../types';
 
 const NOW = new Date('2026-11-30T18:10:00Z');
 
@@ -98,7 +106,7 @@ describe('describeKernelState', () => {
     );
     assert.equal(d.label, 'Suspended · 5.0 GiB on disk · 5 min ago');
     assert.equal(d.kind, 'suspended');
-    assert.match(d.title, /5\.0 GiB, criu/);
+    assert.match(d.title, /5\.0 GiB, whole process, NVIDIA H200/);
   });
   it('reads server times in seconds since the epoch', () => {
     const d = describeKernelState(
@@ -264,8 +272,42 @@ describe('mergeEvent', () => {
   });
 });
 
+describe('mergeEvent with the restore fields', () => {
+  it('takes the notebook path, restore time, time on disk and losses', () => {
+    const next = mergeEvent(
+      kernel({ state: 'restoring', notebook_path: 'old.ipynb' }),
+      {
+        kernel_id: kernel().kernel_id,
+        state: 'running',
+        phase: 'done',
+        notebook_path: 'renamed.ipynb',
+        restored_at: 1796061600,
+        suspended_for: 180,
+        lost: [{ name: 'gen', type: 'generator' }],
+        error: null,
+        hint: null
+      }
+    );
+    assert.equal(next.notebook_path, 'renamed.ipynb');
+    assert.equal(next.restored_at, 1796061600);
+    assert.equal(next.suspended_for, 180);
+    assert.deepEqual(next.lost, [{ name: 'gen', type: 'generator' }]);
+  });
+  it("keeps the event's hint with its error", () => {
+    const next = mergeEvent(kernel({ state: 'suspending' }), {
+      kernel_id: kernel().kernel_id,
+      state: 'running',
+      phase: 'failed',
+      error: 'boom',
+      hint: 'do this'
+    });
+    assert.equal(next.hint, 'do this');
+  });
+});
+
 describe('transitionNotice', () => {
   const label = 'Train.ipynb';
+  const T0 = Date.parse('2026-11-30T18:00:00Z') / 1000;
   it('is silent on the first observation and without change', () => {
     assert.equal(
       transitionNotice(undefined, kernel({ state: 'suspended' }), label),
@@ -277,7 +319,7 @@ describe('transitionNotice', () => {
       null
     );
   });
-  it('announces a finished suspend with size and engine', () => {
+  it('announces a finished suspend with size and engine in plain words', () => {
     const n = transitionNotice(
       kernel({ state: 'suspending' }),
       kernel({ state: 'suspended', checkpoint: CHECKPOINT }),
@@ -286,39 +328,64 @@ describe('transitionNotice', () => {
     assert.equal(n?.type, 'success');
     assert.match(
       n!.message,
-      /Train\.ipynb was suspended to disk \(5\.0 GiB, criu\)/
+      /Train\.ipynb was suspended to disk \(5\.0 GiB, whole process\)/
     );
+    assert.doesNotMatch(n!.message, /criu/);
   });
-  it('announces a finished restore and where', () => {
+  it('announces a restore from the REST fields: how long, where, what was lost', () => {
     const n = transitionNotice(
-      kernel({ state: 'restoring' }),
-      kernel({ state: 'running', gpu: GPU }),
+      kernel({ state: 'restoring', restored_at: null }),
+      kernel({
+        state: 'running',
+        gpu: { ...GPU, index: 1 },
+        restored_at: T0,
+        suspended_for: 180,
+        lost: [{ name: 'gen', type: 'generator', reason: 'cannot pickle' }]
+      }),
       label
     );
-    assert.equal(n?.type, 'success');
-    assert.match(n!.message, /restored on GPU 0 \(NVIDIA H200\)/);
-    const cpu = transitionNotice(
-      kernel({ state: 'suspended' }),
-      kernel(),
-      label
-    );
-    assert.match(cpu!.message, /restored on the CPU/);
-  });
-  it('explains a failed suspend and offers what to do', () => {
-    const n = transitionNotice(
-      kernel({ state: 'suspending' }),
-      kernel({ state: 'running', error: 'CRIU is not installed' }),
-      label
-    );
-    assert.equal(n?.type, 'error');
-    assert.match(
+    assert.equal(
       n!.message,
-      /^Suspend of Train\.ipynb failed; the kernel keeps running\. CRIU is not installed\. Retry/
+      'Train.ipynb was restored from disk after 3 min (onto GPU 1); not kept: gen (generator)'
     );
-    assert.match(n!.message, /gpucr doctor/);
-    assert.deepEqual(n!.actions, ['retry-suspend', 'doctor']);
+    assert.equal(n!.type, 'warning');
+    assert.deepEqual(n!.actions, ['details']);
+    const cpu = transitionNotice(
+      kernel({ state: 'suspended', restored_at: T0 - 600 }),
+      kernel({ restored_at: T0, suspended_for: 42 }),
+      label
+    );
+    assert.equal(
+      cpu!.message,
+      'Train.ipynb was restored from disk after 42 s (onto the CPU).'
+    );
+    assert.equal(cpu!.type, 'success');
   });
-  it("uses the server's hint as what to do", () => {
+  it('says the variables are gone after a restart of a suspended kernel', () => {
+    const n = transitionNotice(
+      kernel({ state: 'suspended', restored_at: T0 }),
+      kernel({ restored_at: T0 }),
+      label
+    );
+    assert.match(n!.message, /fresh kernel: its variables are gone/);
+    assert.doesNotMatch(n!.message, /restored/);
+  });
+  it('never says "did not complete" after a restore that worked', () => {
+    // A late event or poll says "suspended" after "restoring": no warning.
+    assert.equal(
+      transitionNotice(
+        kernel({ state: 'restoring' }),
+        kernel({ state: 'suspended' }),
+        label
+      ),
+      null
+    );
+    assert.equal(
+      transitionNotice(kernel({ state: 'suspending' }), kernel(), label),
+      null
+    );
+  });
+  it('explains a failed suspend briefly, details behind an action', () => {
     const n = transitionNotice(
       kernel({ state: 'suspending' }),
       kernel({
@@ -328,17 +395,39 @@ describe('transitionNotice', () => {
       }),
       label
     );
-    assert.match(
+    assert.equal(n?.type, 'error');
+    assert.equal(
       n!.message,
-      /open TCP connection\. Close the connection, or use the snapshot engine\.$/
+      'Suspend of Train.ipynb failed; it keeps running. CRIU cannot dump a kernel with an open TCP connection.'
     );
     assert.deepEqual(n!.actions, [
+      'details',
       'retry-suspend',
       'suspend-snapshot',
       'doctor'
     ]);
   });
-  it('says how long an operation took', () => {
+  it('fits every message in a toast', () => {
+    const long = 'x'.repeat(400);
+    const n = transitionNotice(
+      kernel({ state: 'suspending' }),
+      kernel({ error: long }),
+      'a-very-long-notebook-name-that-goes-on-and-on-and-on.ipynb'
+    );
+    assert.ok(n!.message.length <= TOAST_MAX);
+    const lost = Array.from({ length: 30 }, (_, i) => ({
+      name: `variable_${i}`,
+      type: 'generator'
+    }));
+    const r = transitionNotice(
+      kernel({ state: 'restoring' }),
+      kernel({ restored_at: T0, suspended_for: 99999, lost }),
+      label
+    );
+    assert.ok(r!.message.length <= TOAST_MAX, r!.message);
+    assert.match(r!.message, /and \d+ more$/);
+  });
+  it('says how long a suspend took', () => {
     const n = transitionNotice(
       kernel({ state: 'suspending' }),
       kernel({
@@ -348,7 +437,10 @@ describe('transitionNotice', () => {
       }),
       label
     );
-    assert.match(n!.message, /suspended to disk in 2\.3 s \(5\.0 GiB, criu\)/);
+    assert.match(
+      n!.message,
+      /suspended to disk in 2\.3 s \(5\.0 GiB, whole process\)/
+    );
   });
   it('explains a failed restore and offers what to do', () => {
     const n = transitionNotice(
@@ -357,32 +449,181 @@ describe('transitionNotice', () => {
       label
     );
     assert.equal(n?.type, 'error');
-    assert.match(
+    assert.equal(
       n!.message,
-      /^Restore of Train\.ipynb failed; its checkpoint is kept\. no GPU with 80 GiB free\. Retry/
+      'Restore of Train.ipynb failed; its saved state is kept. no GPU with 80 GiB free.'
     );
-    assert.deepEqual(n!.actions, ['retry-resume', 'resume-other-gpu']);
+    assert.deepEqual(n!.actions, [
+      'details',
+      'retry-resume',
+      'resume-other-gpu'
+    ]);
   });
   it('does not repeat the same error', () => {
     const failed = kernel({ error: 'boom' });
     assert.equal(transitionNotice(failed, { ...failed }, label), null);
   });
-  it('warns when an operation ends without result', () => {
-    assert.equal(
-      transitionNotice(kernel({ state: 'suspending' }), kernel(), label)?.type,
-      'warning'
+  it('announces a pending suspend with Cancel, and its cancellation', () => {
+    const pending = transitionNotice(
+      kernel(),
+      kernel({ state: 'suspend-pending' }),
+      label
     );
-    assert.equal(
-      transitionNotice(
-        kernel({ state: 'restoring' }),
-        kernel({ state: 'suspended' }),
-        label
-      )?.type,
-      'warning'
+    assert.equal(pending?.type, 'info');
+    assert.deepEqual(pending!.actions, ['cancel-suspend']);
+    const cancelled = transitionNotice(
+      kernel({ state: 'suspend-pending' }),
+      kernel(),
+      label
     );
+    assert.match(cancelled!.message, /cancelled/);
+    const done = transitionNotice(
+      kernel({ state: 'suspend-pending' }),
+      kernel({ state: 'suspended', checkpoint: CHECKPOINT }),
+      label
+    );
+    assert.equal(done?.type, 'success');
   });
   it('announces an idle suspend seen only by polling', () => {
     const n = transitionNotice(kernel(), kernel({ state: 'suspended' }), label);
     assert.equal(n?.type, 'success');
+  });
+});
+
+describe('busy refusal', () => {
+  it('is a short warning naming the notebook, with both ways out', () => {
+    const n = busyNotice('Train.ipynb');
+    assert.equal(n.type, 'warning');
+    assert.equal(
+      n.message,
+      'Train.ipynb is running a cell, so it was not suspended.'
+    );
+    assert.deepEqual(n.actions, ['suspend-when-idle', 'interrupt-and-suspend']);
+    assert.equal(n.autoClose, false);
+    assert.ok(busyNotice('y'.repeat(300)).message.length <= TOAST_MAX);
+  });
+});
+
+describe('words', () => {
+  it('says what the engines keep in plain words', () => {
+    assert.equal(engineLabel('criu'), 'whole process');
+    assert.equal(engineLabel('snapshot'), 'saved variables');
+    assert.equal(engineLabel(null), '');
+  });
+  it('says CPU for CPU kernels and the GPU model for GPU ones', () => {
+    assert.equal(kindLabel('cpu', null), 'CPU');
+    assert.equal(kindLabel(undefined, null), 'CPU');
+    assert.equal(kindLabel('gpu', 'NVIDIA H200'), 'NVIDIA H200');
+    assert.equal(kindLabel('gpu', null), 'GPU');
+  });
+  it('describes a suspended CPU kernel without GPU words', () => {
+    const d = describeKernelState(
+      kernel({
+        state: 'suspended',
+        kind: 'cpu',
+        checkpoint: { ...CHECKPOINT, gpu_model: null },
+        suspended_at: '2026-11-30T18:05:00Z'
+      }),
+      NOW
+    );
+    assert.match(d.title, /5\.0 GiB, whole process, CPU/);
+    assert.doesNotMatch(d.title, /GPU|criu/);
+  });
+  it('describes a pending suspend', () => {
+    const d = describeKernelState(kernel({ state: 'suspend-pending' }), NOW);
+    assert.equal(d.label, 'Suspend after this cell');
+    assert.equal(d.kind, 'busy');
+  });
+  it('lists what was lost, shortened', () => {
+    assert.equal(formatLost([]), '');
+    assert.equal(
+      formatLost([
+        { name: 'gen', type: 'generator' },
+        { name: 'f', type: 'file' }
+      ]),
+      'gen (generator), f (file)'
+    );
+    assert.equal(
+      formatLost(
+        [
+          { name: 'aaaaaaaaaa', type: 'generator' },
+          { name: 'bbbbbbbbbb', type: 'generator' },
+          { name: 'cccccccccc', type: 'generator' }
+        ],
+        30
+      ),
+      'aaaaaaaaaa (generator) and 2 more'
+    );
+  });
+  it('warns what a restart or shutdown does to the saved state', () => {
+    const saved = new Date(2026, 10, 30, 14, 2);
+    const text = trashWarning(
+      'train.ipynb',
+      kernel({
+        state: 'suspended',
+        checkpoint: CHECKPOINT,
+        suspended_at: saved.getTime() / 1000
+      }),
+      new Date(2026, 10, 30, 15, 0)
+    );
+    assert.equal(
+      text,
+      'The suspended state of train.ipynb (5.0 GiB, saved at 14:02) goes to the trash for 24 h; you can bring it back from the gpucr panel.'
+    );
+  });
+  it('heads the doctor report with what fails', () => {
+    const ok = { name: 'a', ok: true };
+    const bad = { name: 'b', ok: false };
+    assert.equal(
+      doctorHeadline({ ok: true, checks: [ok] }),
+      'Everything works'
+    );
+    // The server's overall "ok" can be true with an optional check failing.
+    assert.equal(
+      doctorHeadline({ ok: true, checks: [ok, bad] }),
+      '1 check fails'
+    );
+    assert.equal(
+      doctorHeadline({ ok: false, checks: [bad, { ...bad, name: 'c' }] }),
+      '2 checks fail'
+    );
+  });
+});
+
+describe('groupForPanel', () => {
+  const ckpt = (id: string, kernelId: string | null): ICheckpoint => ({
+    id,
+    name: id,
+    kernel_id: kernelId,
+    created: 1796061600,
+    size: 10,
+    engine: 'criu',
+    gpu_model: null,
+    reason: 'manual',
+    notebook_path: 'a.ipynb'
+  });
+  it('gives one row per suspended kernel with its checkpoint, the rest apart', () => {
+    const a = kernel({
+      kernel_id: 'a',
+      state: 'suspended',
+      checkpoint: { ...CHECKPOINT, id: 'ca' }
+    });
+    const b = kernel({ kernel_id: 'b' });
+    const c = kernel({ kernel_id: 'c', state: 'suspend-pending' });
+    const groups = groupForPanel(
+      [a, b, c],
+      [ckpt('ca', 'a'), ckpt('old', 'b'), ckpt('orphan', null)]
+    );
+    assert.deepEqual(
+      groups.kernels.map(r => [r.state.kernel_id, r.checkpoint?.id ?? null]),
+      [
+        ['a', 'ca'],
+        ['c', null]
+      ]
+    );
+    assert.deepEqual(
+      groups.checkpoints.map(c => c.id),
+      ['old', 'orphan']
+    );
   });
 });
