@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from ..core.checkpointer import Checkpointer
-from .doctor import report, run_checks
 from ..core.errors import GPUCRError
+from .doctor import report, run_checks
 from .server_client import call, find_server
 
 
@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     s = add("rm", help="remove a checkpoint id, or a name with all its checkpoints")
     s.add_argument("target")
     s.add_argument("--kill", action="store_true", help="also stop the process if it is running")
+    s = add("recover", help="after a crash: finish or undo interrupted checkpoints and restores")
+    s.add_argument("name", nargs="?", help="one name (default: every name in the store)")
+    s = add("trash", help="list, restore or delete what was put in the trash")
+    s.add_argument("action", choices=["ls", "restore", "rm"])
+    s.add_argument("trash_id", nargs="?")
     return p
 
 
@@ -79,6 +84,19 @@ def _print_ls(items: list[dict[str, Any]]) -> None:
         latest = it.get("latest") or {}
         print(f"{it['name']:24} {it['state']:13} {it.get('pid') or '-':>8} {latest.get('id', '-'):40} "
               f"{_size(latest.get('size')):>10} {_when(latest.get('created'))}")
+        for problem in it.get("damaged", []):
+            print(f"  damaged: {problem}")
+
+
+def _trash_lines(items: list[dict[str, Any]]) -> str:
+    if not items:
+        return "The trash is empty."
+    lines = [f"{'ID':44} {'TRASHED':19} {'SIZE':>10} {'ENGINE':8} WHAT"]
+    for it in items:
+        what = it.get("notebook_path") or (f"kernel {it['kernel_id']}" if it.get("kernel_id") else it["name"])
+        lines.append(f"{it['id']:44} {_when(it['trashed_at']):19} {_size(it['size']):>10} {it.get('engine') or '-':8} "
+                     f"{what} ({it['reason']})")
+    return "\n".join(lines)
 
 
 def _execute(args: argparse.Namespace) -> tuple[Any, str]:
@@ -111,7 +129,26 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "rm":
         removed = cr.remove(args.target, kill=args.kill)
         return {"removed": removed}, f"Removed {args.target!r} ({len(removed)} checkpoint(s))."
+    if args.cmd == "recover":
+        results = {args.name: cr.recover(args.name)} if args.name else cr.recover_all()
+        return ({n: r.to_dict() for n, r in results.items()},
+                "\n".join(f"{r.outcome:10} {r.message}" for r in results.values()) or "Nothing to recover.")
+    if args.cmd == "trash":
+        return _trash_command(cr, args)
     raise AssertionError(args.cmd)
+
+
+def _trash_command(cr: Checkpointer, args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "ls":
+        items = cr.store.list_trash()
+        return items, _trash_lines(items)
+    if not args.trash_id:
+        raise GPUCRError(f"'gpucr trash {args.action}' needs a trash id.", "List them with 'gpucr trash ls'.")
+    if args.action == "restore":
+        name = cr.store.untrash(args.trash_id)
+        return {"id": args.trash_id, "name": name}, f"Restored {name!r} from the trash; 'gpucr ls' lists it again."
+    cr.store.delete_trash(args.trash_id)
+    return {"id": args.trash_id, "deleted": True}, f"Deleted {args.trash_id} for good."
 
 
 def _kernel_command(args: argparse.Namespace) -> tuple[Any, str]:

@@ -14,28 +14,31 @@ import re
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 
 from .._version import __version__
-from . import gpus
-from .checksums import DigestWhileWriting
-from . import cuda
-from .criu import Criu, explain_log
-from .errors import EngineError, GPUCRError, IncompatibleCheckpointError, PreconditionError, StateError
-from .launcher import Started, start_holder
+from . import cuda, gpus
+from .checksums import DigestWhileWriting, digest_tree
+from .criu import Criu, at_work_in, drop_network_lock, explain_log
+from .errors import BusyError, CheckpointDamagedError, EngineError, GPUCRError, IncompatibleCheckpointError, InvalidNameError, PreconditionError, StateError
+from .launcher import HOLDER, Started, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
-from .store import Checkpoint, Store, dir_size
+from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, name_of_id, read_json
 
 Progress = Callable[[str, int, int], None]
 
 # A restore reads the whole image (CRIU restored ~2 GB/s here); the wait also ends as soon as the
 # holder exits, so a generous bound only matters for a hung CRIU.
 RESTORE_TIMEOUT = 3600.0
+# How long recovery waits for a CRIU that an interrupted operation left running, or for another
+# operation's lock on the same name.
+RECOVER_WAIT = 600.0
 
 
 def _no_progress(phase: str, done: int, total: int) -> None:
@@ -52,6 +55,22 @@ class Running:
     started: Started | None
     record: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What recovery found for one name and what it did: ``outcome`` is "running" (the process
+    runs, ``pid`` is its host PID), "suspended" (``checkpoint_id`` is complete and restorable)
+    or "lost" (``message`` says why)."""
+
+    name: str
+    outcome: str
+    checkpoint_id: str | None
+    pid: int | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class Checkpointer:
@@ -118,7 +137,7 @@ class Checkpointer:
     def resolve(self, target: str | int) -> tuple[str, dict[str, Any]]:
         """A name, or the host PID of a gpucr process, or of any process (adopted as pid-N)."""
         text = str(target)
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             return text, self.store.read_proc(text)
         pid = int(text)
         for name in self.store.proc_names():
@@ -143,6 +162,7 @@ class Checkpointer:
         name, rec = self.resolve(target)
         d = self.store.proc_dir(name)
         with exclusive(d, name, "checkpoint"):
+            self._settle_if_interrupted(name)
             rec = self.store.read_proc(name)
             pid = rec.get("pid")
             if rec.get("state") != "running" or not is_alive(pid):
@@ -167,6 +187,8 @@ class Checkpointer:
         timings: dict[str, float] = {}
         locked: list[int] = []
         try:
+            intent = self._intent(name, rec, pid, ns_pid, cuda_ns_pids, used, machine_gpus, reason, leave_running, extra)
+            self.store.write_intent(tmp, intent)
             progress("gpu-checkpoint", 0, estimate)
             for p in cuda_pids:
                 cuda.lock(p, self.lock_timeout_ms)
@@ -197,8 +219,8 @@ class Checkpointer:
             files = digests.result()
             timings["checksum"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
-            manifest = self._manifest(name, rec, pid, ns_pid, cuda_ns_pids, used, machine_gpus, files, reason, leave_running,
-                                      timings, extra)
+            manifest = {**intent, "created": time.time(), "size": sum(f["size"] for f in files.values()), "files": files,
+                        "timings": timings}
             ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
         except BaseException as e:
             if leave_running:
@@ -229,16 +251,15 @@ class Checkpointer:
                 f"Not enough host memory to stage {gpu_bytes >> 20} MiB of GPU memory ({avail >> 20} MiB available). "
                 "The process was left running.", "Free host memory and try again.")
 
-    def _manifest(self, name: str, rec: dict[str, Any], pid: int, ns_pid: int, cuda_ns_pids: list[int], used: list[dict[str, Any]],
-                  machine_gpus: list[gpus.Gpu], files: dict[str, Any], reason: str, leave_running: bool,
-                  timings: dict[str, float], extra: dict[str, Any]) -> dict[str, Any]:
+    def _intent(self, name: str, rec: dict[str, Any], pid: int, ns_pid: int, cuda_ns_pids: list[int], used: list[dict[str, Any]],
+                machine_gpus: list[gpus.Gpu], reason: str, leave_running: bool, extra: dict[str, Any]) -> dict[str, Any]:
+        """Everything the manifest holds that is known before the dump (all but files, size, timings)."""
         return {
             **extra,
-            "name": name, "created": time.time(), "reason": reason, "engine": "criu",
+            "name": name, "started": time.time(), "reason": reason, "engine": "criu",
             "pid": pid, "ns_pid": ns_pid,
             "command": rec.get("command"), "cwd": rec.get("cwd"),
             "leave_running": leave_running,
-            "size": sum(f["size"] for f in files.values()), "files": files,
             "criu": {"version": self.criu.version_string},
             "gpu": {
                 "used": used, "all": [g.uuid for g in machine_gpus],
@@ -249,7 +270,6 @@ class Checkpointer:
             "host": {"hostname": platform.node(), "kernel": platform.release(), "python": platform.python_version(),
                      "uid": os.getuid(), "user": getpass.getuser()},
             "gpucr_version": __version__,
-            "timings": timings,
         }
 
     def _put_back_from(self, tmp: Path, name: str, rec: dict[str, Any], cause: BaseException) -> GPUCRError:
@@ -270,6 +290,7 @@ class Checkpointer:
         """Bring the process back from its latest (or the given) checkpoint onto a fitting GPU."""
         d = self.store.proc_dir(name)
         with exclusive(d, name, "restore"):
+            self._settle_if_interrupted(name)
             rec = self.store.read_proc(name)
             if rec.get("state") == "running" and is_alive(rec.get("pid")):
                 raise StateError(f"{name!r} is already running as PID {rec['pid']}.",
@@ -296,14 +317,21 @@ class Checkpointer:
             ckpt.verify("images")
         timings = {"verify": time.perf_counter() - t0}
         progress("restoring", 0, ckpt.size)
+        # What recovery needs if this process dies before the restored one is recorded as running.
+        self.store.write_proc(name, {**rec, "restoring": {"checkpoint": ckpt.id, "ns_pid": ckpt.manifest.get("ns_pid"),
+                                                          "gpu_map": gpu_map, "since": time.time(), "by": os.getpid()}})
         t1 = time.perf_counter()
-        started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach)
-        timings["criu_restore"] = time.perf_counter() - t1
-        if used:
-            progress("gpu-restore", 0, ckpt.size)
-            t2 = time.perf_counter()
-            self._restore_gpu(started, gpu_info.get("cuda_ns_pids", []), gpu_map)
-            timings["gpu_restore"] = time.perf_counter() - t2
+        try:
+            started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach)
+            timings["criu_restore"] = time.perf_counter() - t1
+            if used:
+                progress("gpu-restore", 0, ckpt.size)
+                t2 = time.perf_counter()
+                self._restore_gpu(started, gpu_info.get("cuda_ns_pids", []), gpu_map)
+                timings["gpu_restore"] = time.perf_counter() - t2
+        except BaseException:
+            self.store.write_proc(name, rec)  # nothing runs: the record is what it was
+            raise
         timings["total"] = time.perf_counter() - t0
         rec = {**rec, "state": "running", "pid": started.pid, "ns_pid": started.ns_pid, "restored_at": time.time(),
                "restored_from": ckpt.id, "gpu_map": gpu_map}
@@ -336,7 +364,7 @@ class Checkpointer:
             if started is not None:
                 return started
             failure = explain_log(workdir / "restore.log")
-            if attempt == 0 and _rewind_grown_log(failure.line, d):
+            if attempt == 0 and _rewind_grown_log(failure.raw, d):
                 continue
             raise EngineError(f"CRIU could not restore {name!r}: {failure.line}",
                               f"{failure.hint} The checkpoint is kept; you can retry.")
@@ -356,6 +384,216 @@ class Checkpointer:
             e.message += " The restored process was stopped; the checkpoint is kept."
             raise
 
+    # -- recovery ------------------------------------------------------------------------
+    def recover_all(self, wait_s: float = RECOVER_WAIT) -> dict[str, Recovery]:
+        """Recover every name of the store (see :meth:`recover`); run it at start, while nothing
+        else works on the store. Names another operation holds right now are left to it."""
+        self.store.remove_leftover_deletions()
+        names = set(self.store.proc_names()) | {n for n in (name_of_id(t.name) for t in self.store.tmp_dirs()) if n}
+        results = {}
+        for name in sorted(names):
+            try:
+                results[name] = self.recover(name, wait_s)
+            except (BusyError, InvalidNameError):
+                continue
+        return results
+
+    def recover(self, name: str, wait_s: float = RECOVER_WAIT) -> Recovery:
+        """Make the record of ``name`` true again after a checkpoint or restore whose process died
+        (kill -9 included) at any point, so that the user has the running process or a complete
+        checkpoint: a live process is resumed (GPU state put back, stopped tasks continued, CRIU's
+        network lock dropped) and recorded as running; a finished dump is committed; an unfinished
+        one is removed. Idempotent."""
+        d = self.store.proc_dir(name)
+        with ExitStack() as stack:
+            self._lock_waiting(stack, d, name, wait_s)
+            self._wait_for_criu(name, wait_s)
+            result = self._recover_locked(name)
+        if set(os.listdir(d)) <= {".lock", ".status"}:
+            self.store.remove_proc(name)  # only what recovery itself made: nothing of it remains
+        return result
+
+    @staticmethod
+    def _lock_waiting(stack: ExitStack, d: Path, name: str, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                stack.enter_context(exclusive(d, name, "recovery"))
+                return
+            except BusyError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _settle_if_interrupted(self, name: str) -> None:
+        """Under the lock of a new operation: recover first if an earlier one was interrupted, so
+        that, say, a restore never starts a second copy of a process whose restore was cut short."""
+        rec = read_json(self.store.proc_dir(name) / "run.json") or {}
+        if (self.store.tmp_dirs(name) or rec.get("restoring")
+                or (rec.get("state") == "running" and not rec.get("adopted") and not is_alive(rec.get("pid")))):
+            self._wait_for_criu(name, RECOVER_WAIT)
+            self._recover_locked(name)
+
+    def _holders(self, name: str) -> list[tuple[int, str]]:
+        """(host PID, mode) of the namespace holders started for ``name`` that still run."""
+        status_arg = f"--status={self.store.procs_root / name / '.status'}"
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            argv = proc.info["cmdline"] or []
+            if status_arg in argv and str(HOLDER) in argv:
+                i = argv.index(status_arg)
+                found.append((proc.pid, argv[i + 1] if i + 1 < len(argv) else ""))
+        return found
+
+    def _find_workload(self, name: str, rec: dict[str, Any]) -> int | None:
+        """Host PID of the live process of ``name``: the one its namespace holder runs under the
+        recorded PID, or, for an adopted process never restored, the recorded PID itself."""
+        ns_pids = {rec.get("ns_pid"), (rec.get("restoring") or {}).get("ns_pid")} - {None}
+        for holder, _mode in self._holders(name):
+            for ns_pid in ns_pids:
+                pid = find_descendant_by_ns_pid(holder, ns_pid)
+                if pid:
+                    return pid
+        pid = rec.get("pid")
+        if rec.get("adopted") and is_alive(pid) and abs(psutil.Process(pid).create_time() - rec.get("created", 0)) < 1:
+            return pid
+        return None
+
+    def _wait_for_criu(self, name: str, wait_s: float) -> None:
+        """Wait while CRIU works on a checkpoint of ``name`` (a dump or restore whose caller died
+        goes on) or a restore holder of it has not produced the process yet."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            busy = self._in_flight(name)
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise BusyError(f"{busy} for {name!r} after {wait_s:.0f} s.", "Wait for it to end, then run recovery again.")
+            time.sleep(0.05)
+
+    def _in_flight(self, name: str) -> str | None:
+        dirs = self.store.tmp_dirs(name) + [c.path for c in self.store.list_checkpoints(name)]
+        pids = at_work_in(dirs)
+        if pids:
+            return f"CRIU (PID {pids[0]}) is still working"
+        rec = read_json(self.store.procs_root / name / "run.json") or {}
+        for holder, mode in self._holders(name):
+            if mode == "restore" and not self._find_workload(name, rec) and is_alive(holder):
+                return f"A restore (holder PID {holder}) is still starting"
+        return None
+
+    def _recover_locked(self, name: str) -> Recovery:
+        rec = read_json(self.store.procs_root / name / "run.json") or {}
+        pid = self._find_workload(name, rec)
+        notes = self._resume(name, rec, pid) if pid else []
+        committed = []
+        for tmp in self.store.tmp_dirs(name):
+            ckpt, note = self._settle_tmp(tmp)
+            notes.append(note)
+            if ckpt:
+                committed.append(ckpt.id)
+        if committed:
+            self.store.apply_retention(name, self.keep_last, self.max_bytes)
+        if pid:
+            return self._record_running(name, rec, pid, notes)
+        try:
+            latest = self.store.latest(name)
+        except CheckpointDamagedError as e:
+            self._write_if_changed(name, rec, {**self._without_op(rec), "state": "checkpointed", "pid": None})
+            return Recovery(name, "suspended", None, None, " ".join([*notes, e.message, e.hint]))
+        if latest:
+            return self._record_suspended(name, rec, latest, committed, notes)
+        return self._record_lost(name, rec, notes)
+
+    def _resume(self, name: str, rec: dict[str, Any], pid: int) -> list[str]:
+        """Make a live process run normally whatever point its suspend or restore reached."""
+        notes = []
+        problems = cuda.put_back(tree(pid), (rec.get("restoring") or {}).get("gpu_map") or None)
+        if problems:
+            notes.append(f"Putting its GPU state back failed: {'; '.join(problems)}; check it with nvidia-smi.")
+        for p in tree(pid):
+            try:
+                if psutil.Process(p).status() == psutil.STATUS_STOPPED:
+                    os.kill(p, signal.SIGCONT)
+                    notes.append(f"Continued its stopped task {p}.")
+            except (psutil.Error, OSError):
+                continue
+        restoring = (rec.get("restoring") or {}).get("checkpoint")
+        image_dirs = [t / "images" for t in self.store.tmp_dirs(name)]
+        image_dirs += [self.store.checkpoints_root / restoring / "images"] if restoring else []
+        for images in image_dirs:
+            table = drop_network_lock(images)
+            if table:
+                notes.append(f"Removed CRIU's network lock {table}.")
+        return notes
+
+    def _settle_tmp(self, tmp: Path) -> tuple[Checkpoint | None, str]:
+        """Commit a temporary checkpoint whose dump finished; remove one whose dump did not."""
+        cid = tmp.name.removeprefix(".tmp-")
+        if at_work_in([tmp]):
+            return None, f"Left {tmp} alone: CRIU started working in it again."
+        manifest = read_json(tmp / MANIFEST)
+        if manifest is None and self.store.completable(tmp):
+            files = digest_tree(tmp / "images")
+            manifest = {**(read_json(tmp / INTENT) or {}), "created": (tmp / "dump.log").stat().st_mtime,
+                        "size": sum(f["size"] for f in files.values()), "files": files, "timings": {}, "recovered": True}
+        if manifest is None:
+            self.store.discard(tmp)
+            return None, "Removed an unfinished checkpoint (its dump had not completed)."
+        ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
+        return ckpt, f"Finished checkpoint {cid}, which an interrupted suspend had written completely."
+
+    @staticmethod
+    def _without_op(rec: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in rec.items() if k != "restoring"}
+
+    def _write_if_changed(self, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        if new != old:
+            self.store.write_proc(name, new)
+
+    def _latest_id(self, name: str) -> str | None:
+        try:
+            latest = self.store.latest(name)
+        except CheckpointDamagedError:
+            return None
+        return latest.id if latest else None
+
+    def _record_running(self, name: str, rec: dict[str, Any], pid: int, notes: list[str]) -> Recovery:
+        new = {**self._without_op(rec), "state": "running", "pid": pid, "ns_pid": innermost_pid(pid)}
+        restoring = rec.get("restoring")
+        if restoring:
+            new.update(restored_at=time.time(), restored_from=restoring["checkpoint"], gpu_map=restoring.get("gpu_map") or {})
+            notes.insert(0, f"Its restore from {restoring['checkpoint']} was interrupted after the process came back.")
+        elif rec.get("state") != "running" or rec.get("pid") != pid:
+            notes.insert(0, "The process survived an interrupted operation.")
+        self._write_if_changed(name, rec, new)
+        return Recovery(name, "running", self._latest_id(name), pid, " ".join([f"{name!r} runs as PID {pid}.", *notes]))
+
+    def _record_suspended(self, name: str, rec: dict[str, Any], latest: Checkpoint, committed: list[str],
+                          notes: list[str]) -> Recovery:
+        new = {**self._without_op(rec), "state": "checkpointed", "pid": None, "checkpoint": latest.id}
+        if not rec:
+            new.update(name=name, command=latest.manifest.get("command"), cwd=latest.manifest.get("cwd"), uid=os.getuid())
+        new.setdefault("suspended_at", latest.created)
+        if rec.get("state") == "running":
+            new["suspended_at"] = latest.created
+            if not committed:
+                notes.append(f"The process is gone; its checkpoint {latest.id} is kept.")
+        self._write_if_changed(name, rec, new)
+        return Recovery(name, "suspended", latest.id, None,
+                        " ".join([f"{name!r} is suspended in {latest.id}.", *notes, f"Restore it with 'gpucr restore {name}'."]))
+
+    def _record_lost(self, name: str, rec: dict[str, Any], notes: list[str]) -> Recovery:
+        if rec.get("state") == "lost":
+            reason = rec.get("lost_reason", "it was lost earlier")
+        else:
+            reason = "the process is gone and no checkpoint of it exists"
+        if rec:
+            self._write_if_changed(name, rec, {**self._without_op(rec), "state": "lost", "pid": None,
+                                               "lost_reason": reason, "lost_at": rec.get("lost_at", time.time())})
+        logs = f" Its logs are kept in {self.store.procs_root / name}." if rec else ""
+        return Recovery(name, "lost", None, None, " ".join([f"{name!r} is lost: {reason}.", *notes]) + logs)
+
     # -- listing and removal -------------------------------------------------------------
     @staticmethod
     def _state(rec: dict[str, Any]) -> str:
@@ -364,10 +602,16 @@ class Checkpointer:
         return rec.get("state", "unknown")
 
     def status(self, name: str) -> dict[str, Any]:
+        """The record, its state checked against the process table, its checkpoints, and the
+        damaged ones (listed so that they never silently disappear)."""
         rec = self.store.read_proc(name)
-        latest = self.store.latest(name)
+        try:
+            latest = self.store.latest(name)
+        except CheckpointDamagedError:
+            latest = None
         return {**rec, "state": self._state(rec), "checkpoints": [c.summary() for c in self.store.list_checkpoints(name)],
-                "latest": latest.summary() if latest else None}
+                "latest": latest.summary() if latest else None,
+                "damaged": [f"{e.message} {e.hint}" for e in self.store.damaged(name)]}
 
     def list(self) -> list[dict[str, Any]]:
         return [self.status(n) for n in self.store.proc_names()]

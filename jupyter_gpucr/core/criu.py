@@ -6,16 +6,23 @@ restored tree gets its original PIDs whatever the host is doing with them.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from .errors import EngineError, PreconditionError
+from .launcher import HOLDER
 from .procs import in_own_pidns, innermost_pid
 
 MIN_VERSION = (4, 2)
@@ -23,7 +30,10 @@ MIN_VERSION = (4, 2)
 # Options every dump and restore needs (FINDINGS.md): kernels hold loopback TCP connections to
 # themselves; no iptables binary exists, so the network lock goes through libnftables.
 COMMON_OPTS = ["--tcp-established", "--network-lock", "nftables", "--file-locks", "--shell-job"]
-DUMP_OPTS = ["--link-remap"]
+# -v3 makes the log end with "Dumping finished successfully", the proof recovery needs that a
+# dump completed when the process that started it died before reading CRIU's exit status.
+DUMP_OPTS = ["--link-remap", "-v3"]
+DUMP_DONE = "Dumping finished successfully"
 
 # Log lines CRIU prints as errors on every run here although the operation succeeds.
 _HARMLESS = ("RLIMIT_NOFILE", "kdat cache")
@@ -31,7 +41,6 @@ _HARMLESS = ("RLIMIT_NOFILE", "kdat cache")
 _HINTS: list[tuple[str, str]] = [
     (r"No space left on device", "The store's disk is full. Free space or point the store elsewhere (GPUCR_STORE / --store)."),
     (r"Can't fork for \d+: File exists", "A process holds the PID the checkpoint needs. Retry; gpucr restores into a fresh PID namespace."),
-    (r"has bad size", "A file the process had open changed size since the checkpoint (a log written by someone else?)."),
     (r"Iptables configuration failed|nft", "The network lock failed: CRIU needs nftables support (libnftables) and CAP_NET_ADMIN."),
     (r"Operation not permitted|Permission denied", "CRIU needs root or CAP_CHECKPOINT_RESTORE + CAP_SYS_PTRACE. Run 'gpucr doctor'."),
     (r"/dev/nvidia", "The process still holds GPU device files: a child process using CUDA (e.g. a DataLoader worker) cannot be checkpointed by the driver."),
@@ -44,10 +53,37 @@ _HINTS: list[tuple[str, str]] = [
 
 @dataclass(frozen=True)
 class CriuFailure:
-    """The first meaningful error of a CRIU log and what the user can do."""
+    """The first meaningful error of a CRIU log (``raw``), said for the user (``line``), and what to do."""
 
     line: str
     hint: str
+    raw: str = ""
+
+
+def _file_changed(m: re.Match) -> tuple[str, str]:
+    path, now, then = "/" + m["path"].lstrip("/"), m["now"], m["then"]
+    line = (f"The file {path}, which the process had open, changed size while it was suspended: {now} bytes now, "
+            f"{then} at the checkpoint. CRIU restores open files only as they were.")
+    hint = (f"Put the file back as it was (from a backup or version control) and restore again. If the process can live "
+            f"with its current content, make it the recorded size instead: 'truncate -s {then} {path}' (this cuts or "
+            "pads the file), then restore again.")
+    return line, hint
+
+
+def _file_gone(m: re.Match) -> tuple[str, str]:
+    path = "/" + m["path"].lstrip("/")
+    line = (f"The file {path}, which the process had open, cannot be opened: {m['why']}. It was probably deleted or "
+            "moved while the process was suspended.")
+    hint = (f"Put the file back at {path} and restore again. For a file the process only writes to, an empty one does: "
+            f"'touch {path}' (if CRIU then reports a size, follow that message).")
+    return line, hint
+
+
+# Terse CRIU errors turned into a sentence naming the thing and what to do about it.
+_TRANSLATIONS: list[tuple[str, Callable[[re.Match], tuple[str, str]]]] = [
+    (r"File (?P<path>\S+) has bad size (?P<now>\d+) \(expect (?P<then>\d+)\)", _file_changed),
+    (r"Can't open file (?P<path>\S+?)(?: on restore)?: (?P<why>.+)$", _file_gone),
+]
 
 
 def explain_log(log: Path, returncode: int | None = None, stderr: str = "") -> CriuFailure:
@@ -56,13 +92,42 @@ def explain_log(log: Path, returncode: int | None = None, stderr: str = "") -> C
     except OSError:
         lines = stderr.splitlines()
     lines = [line for line in lines if not any(h in line for h in _HARMLESS)]
-    errors = [line for line in lines if "Error" in line]
+    errors = [re.sub(r"^\(\s*[\d.]+\)\s*", "", line).strip() for line in lines if "Error" in line]
+    for pattern, translate in _TRANSLATIONS:
+        for line in errors:
+            m = re.search(pattern, line)
+            if m:
+                return CriuFailure(*translate(m), raw=line)
     text = "\n".join(errors) or "\n".join(lines[-5:])
     hint = next((h for pat, h in _HINTS if re.search(pat, text)), f"See the CRIU log {log}.")
     if errors:
-        return CriuFailure(re.sub(r"^\(\s*[\d.]+\)\s*", "", errors[0]).strip(), hint)
+        return CriuFailure(errors[0], hint, raw=errors[0])
     how = (f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}") if returncode else "failed"
     return CriuFailure(f"CRIU stopped ({how}) without reporting an error", hint)
+
+
+def dump_finished(workdir: Path) -> bool:
+    """Whether the CRIU dump that wrote ``workdir/dump.log`` completed (the process it dumped is gone
+    unless it was left running)."""
+    try:
+        with open(workdir / "dump.log", "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            return DUMP_DONE.encode() in f.read()
+    except OSError:
+        return False
+
+
+def at_work_in(dirs: list[Path]) -> list[int]:
+    """PIDs of CRIU runs (dump or restore) whose work directory is one of ``dirs``: while one runs,
+    the images there are being written or read and the process is in flux."""
+    wanted = {str(d) for d in dirs}
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        # A restore's holder carries the CRIU command in its arguments and outlives it.
+        if str(HOLDER) not in argv and any(a == "-W" and b in wanted for a, b in itertools.pairwise(argv)):
+            found.append(proc.pid)
+    return found
 
 
 def find_criu(explicit: str | None = None) -> str | None:
@@ -147,3 +212,107 @@ class Criu:
             self.path, "restore", "-D", str(images), "-W", str(workdir), "-o", "restore.log",
             *COMMON_OPTS, "--restore-detached", "--pidfile", str(pidfile),
         ]
+
+
+# -- CRIU's network lock ------------------------------------------------------------------
+# A dump with --network-lock nftables creates the table "inet CRIU-<dump id>" that drops the
+# packets of the dumped TCP connections, and leaves it after a successful dump: the restore
+# deletes it. When the restore never comes (the checkpoint is deleted, or the process was put
+# back by recovery), the table would stay for good; these helpers find and drop it over netlink
+# (the nft binary is not installed here).
+_NFNL_SUBSYS_NFTABLES = 10
+_NFT_MSG_GETTABLE, _NFT_MSG_DELTABLE = 1, 2
+_NFNL_MSG_BATCH_BEGIN, _NFNL_MSG_BATCH_END = 0x10, 0x11
+_NFPROTO_INET, _NFTA_TABLE_NAME = 1, 1
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP = 0x1, 0x4, 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def dump_id(images: Path) -> str | None:
+    """The id CRIU gave a dump (kept in inventory.img); its network-lock table is named after it."""
+    try:
+        m = _UUID.search((images / "inventory.img").read_bytes())
+    except OSError:
+        return None
+    return m.group().decode() if m else None
+
+
+def _nl_msg(kind: int, flags: int, seq: int, family: int, res_id: int = 0, attrs: bytes = b"") -> bytes:
+    body = struct.pack("!BBH", family, 0, res_id) + attrs
+    return struct.pack("=IHHII", 16 + len(body), kind, flags, seq, 0) + body
+
+
+def _nl_attr(kind: int, data: bytes) -> bytes:
+    attr = struct.pack("=HH", 4 + len(data), kind) + data
+    return attr + b"\0" * (-len(attr) % 4)
+
+
+def _nl_exchange(request: bytes) -> list[tuple[int, bytes]]:
+    """Send netfilter netlink ``request``; return the (type, payload) replies up to DONE or the last ACK."""
+    replies: list[tuple[int, bytes]] = []
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12) as s:  # NETLINK_NETFILTER
+        s.settimeout(5)
+        s.send(request)
+        while True:
+            data, off = s.recv(1 << 16), 0
+            while off + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, off)
+                payload = data[off + 16: off + length]
+                off += (length + 3) & ~3
+                if kind == _NLMSG_DONE:
+                    return replies
+                if kind == _NLMSG_ERROR:
+                    err = -struct.unpack_from("=i", payload)[0]
+                    if err:
+                        raise OSError(err, os.strerror(err))
+                    return replies
+                replies.append((kind, payload))
+
+
+def _table_name(payload: bytes) -> str | None:
+    off = 4  # after the nfgenmsg header
+    while off + 4 <= len(payload):
+        length, kind = struct.unpack_from("=HH", payload, off)
+        if kind == _NFTA_TABLE_NAME:
+            return payload[off + 4: off + length].rstrip(b"\0").decode(errors="replace")
+        off += max((length + 3) & ~3, 4)
+    return None
+
+
+def network_lock_tables() -> list[str]:
+    """Names of the inet nftables tables CRIU created (``CRIU-...``)."""
+    kind = (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETTABLE
+    replies = _nl_exchange(_nl_msg(kind, _NLM_F_REQUEST | _NLM_F_DUMP, 1, _NFPROTO_INET))
+    names = [_table_name(p) for _, p in replies if p[:1] == bytes([_NFPROTO_INET])]
+    return [n for n in names if n and n.startswith("CRIU-")]
+
+
+def _delete_table(name: str) -> None:
+    kind = (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_DELTABLE
+    batch = (_nl_msg(_NFNL_MSG_BATCH_BEGIN, _NLM_F_REQUEST, 1, socket.AF_UNSPEC, _NFNL_SUBSYS_NFTABLES)
+             + _nl_msg(kind, _NLM_F_REQUEST | _NLM_F_ACK, 2, _NFPROTO_INET,
+                       attrs=_nl_attr(_NFTA_TABLE_NAME, name.encode() + b"\0"))
+             + _nl_msg(_NFNL_MSG_BATCH_END, _NLM_F_REQUEST, 3, socket.AF_UNSPEC, _NFNL_SUBSYS_NFTABLES))
+    _nl_exchange(batch)
+
+
+def drop_network_lock(images: Path) -> str | None:
+    """Delete the network-lock table of the dump in ``images`` if it is still there; return its name.
+
+    Only for a dump that will never be restored, or whose process already runs again: the
+    table blocks that process's TCP connections. CRIU cuts the table name short, so it is
+    matched as a prefix of the dump id.
+    """
+    did = dump_id(images)
+    if not did:
+        return None
+    try:
+        for table in network_lock_tables():
+            suffix = table.removeprefix("CRIU-")
+            if len(suffix) >= 8 and did.startswith(suffix):
+                _delete_table(table)
+                return table
+    except OSError:  # no nftables in this kernel, or no CAP_NET_ADMIN: CRIU could not have locked either
+        return None
+    return None

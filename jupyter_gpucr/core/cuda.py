@@ -133,14 +133,16 @@ def unlock(pid: int) -> None:
     _call("unlock", pid, _driver.cuCheckpointProcessUnlock, None)
 
 
-def put_back(pids: list[int]) -> list[str]:
-    """Undo lock/checkpoint on ``pids`` after a failed suspend; return what could not be undone."""
+def put_back(pids: list[int], gpu_map: dict[str, str] | None = None) -> list[str]:
+    """Undo lock/checkpoint on ``pids`` (after a failed suspend, or for recovery after a killed
+    suspend or restore: then ``gpu_map`` is the placement the restore had chosen); processes
+    without CUDA or already running are left alone. Return what could not be undone."""
     problems = []
     for pid in pids:
         try:
             st = state(pid)
             if st == "checkpointed":
-                restore(pid)
+                restore(pid, gpu_map)
                 st = "locked"
             if st == "locked":
                 unlock(pid)

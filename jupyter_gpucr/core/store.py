@@ -4,29 +4,41 @@ Layout (every directory 0700, every file 0600, since images hold the whole memor
 process, tokens and data included)::
 
     ROOT/procs/NAME/            run.json (command, pids, state), stdout.log, stderr.log
-    ROOT/checkpoints/ID/        manifest.json, images/ (engine payload), dump.log
+    ROOT/checkpoints/ID/        manifest.json, intent.json, images/ (engine payload), dump.log
     ROOT/checkpoints/.tmp-ID/   a checkpoint being written; renamed to ID when complete
+    ROOT/trash/ID/              trash.json, checkpoints/ID/..., proc/ (a name put aside, restorable)
+    .del-ID                     something being deleted (renamed first, so it is never listed)
 
-A checkpoint directory without ``manifest.json`` is never listed: the rename after the
-manifest is written is what makes a checkpoint exist.
+A checkpoint directory is renamed into place only once its images and manifest are on disk
+(fsync), so a listed checkpoint is complete. Ids are ``NAME-YYYYmmdd-HHMMSS-HEX``: the name a
+checkpoint, temporary or trash directory belongs to can be read from it even when its files
+cannot.
 """
 from __future__ import annotations
 
+import calendar
 import json
 import os
+import re
 import secrets
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .checksums import find_mismatches
-from .errors import CheckpointDamagedError, NotFoundError
+from .criu import at_work_in, drop_network_lock, dump_finished
+from .errors import CheckpointDamagedError, NotFoundError, StateError
 from .names import validate_name
+from .procs import is_alive
 
 MANIFEST = "manifest.json"
+INTENT = "intent.json"
+TRASH_INFO = "trash.json"
 FORMAT_VERSION = 1
+REQUIRED_KEYS = ("name", "created", "engine", "files")
+_ID_SUFFIX = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{6}$")
 
 
 def default_root() -> Path:
@@ -58,6 +70,15 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def tighten_permissions(root: Path) -> None:
     """Make everything below ``root`` private (CRIU and loggers create files with their own modes)."""
     os.chmod(root, 0o700)
@@ -70,8 +91,69 @@ def tighten_permissions(root: Path) -> None:
                 os.chmod(p, 0o600)
 
 
+def fsync_path(path: Path | str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Put every file below ``root`` on disk, then the directories naming them, so that a rename
+    published afterwards never points at images a power loss could still take away."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if not os.path.islink(p):
+                fsync_path(p)
+        fsync_path(dirpath)
+
+
 def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def new_id(name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{validate_name(name)}-{stamp}-{secrets.token_hex(3)}"
+
+
+def name_of_id(cid: str) -> str | None:
+    """The process name a checkpoint, temporary or trash id was made for."""
+    m = _ID_SUFFIX.search(cid.removeprefix(".tmp-").removeprefix(".del-"))
+    return cid.removeprefix(".tmp-").removeprefix(".del-")[: m.start()] if m else None
+
+
+def time_of_id(cid: str) -> float:
+    """When an id was made (to the second), 0 when it has no stamp."""
+    m = _ID_SUFFIX.search(cid)
+    return float(calendar.timegm(time.strptime(m.group(1), "%Y%m%d-%H%M%S"))) if m else 0.0
+
+
+def _damaged(path: Path, problem: str) -> CheckpointDamagedError:
+    return CheckpointDamagedError(
+        f"Checkpoint {path.name} is damaged: {problem}.",
+        f"Its images are kept in {path}; nothing was deleted. Restore an older checkpoint "
+        f"('gpucr restore NAME --checkpoint ID'), or remove this one with 'gpucr rm {path.name}'.")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the checkpoint directory ``path``; CheckpointDamagedError (naming the file)
+    when it is missing, unparseable or incomplete. The images stay wherever that happens."""
+    file = path / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise _damaged(path, f"its manifest {file} is missing") from None
+    except (OSError, ValueError) as e:
+        raise _damaged(path, f"its manifest {file} cannot be read ({e})") from None
+    if not isinstance(manifest, dict):
+        raise _damaged(path, f"its manifest {file} is not a JSON object")
+    missing = [k for k in REQUIRED_KEYS if k not in manifest]
+    if missing or not isinstance(manifest.get("files"), dict):
+        raise _damaged(path, f"its manifest {file} lacks {', '.join(missing) or 'a valid files list'}")
+    return manifest
 
 
 @dataclass(frozen=True)
@@ -139,6 +221,10 @@ class Store:
     def checkpoints_root(self) -> Path:
         return make_private_dir(self.root / "checkpoints")
 
+    @property
+    def trash_root(self) -> Path:
+        return make_private_dir(self.root / "trash")
+
     def proc_dir(self, name: str) -> Path:
         return make_private_dir(self.procs_root / validate_name(name))
 
@@ -165,66 +251,109 @@ class Store:
     def remove_proc(self, name: str) -> None:
         shutil.rmtree(self.procs_root / validate_name(name), ignore_errors=True)
 
-    # -- checkpoints --------------------------------------------------------------------
+    # -- checkpoints being written ------------------------------------------------------
     def new_checkpoint_dir(self, name: str) -> tuple[str, Path]:
         """Reserve a checkpoint id and its temporary directory."""
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        cid = f"{validate_name(name)}-{stamp}-{secrets.token_hex(3)}"
+        cid = new_id(name)
         tmp = self.checkpoints_root / f".tmp-{cid}"
         make_private_dir(tmp)
         make_private_dir(tmp / "images")
         return cid, tmp
 
+    @staticmethod
+    def write_intent(tmp: Path, intent: dict[str, Any]) -> None:
+        """Record, before the process is touched, what the manifest needs that is known already,
+        so that recovery can finish a checkpoint whose writer died after the dump."""
+        write_json_atomic(tmp / INTENT, intent)
+
+    def tmp_dirs(self, name: str | None = None) -> list[Path]:
+        """Temporary checkpoint directories (of ``name``), oldest first."""
+        found = [p for p in self.checkpoints_root.iterdir() if p.name.startswith(".tmp-") and p.is_dir()]
+        return sorted((p for p in found if name is None or name_of_id(p.name) == name), key=lambda p: p.name)
+
+    @staticmethod
+    def completable(tmp: Path) -> bool:
+        """Whether a temporary directory holds a finished dump (or a written manifest) that
+        recovery can commit: an intent and CRIU's log saying the dump finished."""
+        return read_json(tmp / MANIFEST) is not None or (read_json(tmp / INTENT) is not None and dump_finished(tmp))
+
     def commit_checkpoint(self, cid: str, tmp: Path, manifest: dict[str, Any]) -> Checkpoint:
-        """Write the manifest, make everything private, and rename into place."""
-        manifest = {**manifest, "format_version": FORMAT_VERSION, "id": cid}
-        write_json_atomic(tmp / MANIFEST, manifest)
+        """Put the images on disk, write the manifest, make everything private, and rename into place."""
+        t0 = time.perf_counter()
         tighten_permissions(tmp)
+        fsync_tree(tmp)
+        timings = {**manifest.get("timings", {}), "fsync": time.perf_counter() - t0}
+        manifest = {**manifest, "format_version": FORMAT_VERSION, "id": cid, "timings": timings}
+        write_json_atomic(tmp / MANIFEST, manifest)
+        fsync_path(tmp)
         final = self.checkpoints_root / cid
         os.rename(tmp, final)
-        fd = os.open(self.checkpoints_root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(self.checkpoints_root)
         return Checkpoint(cid, final, manifest)
 
     def discard(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
-    def _iter_checkpoints(self) -> Iterator[Checkpoint]:
-        for p in self.checkpoints_root.iterdir():
-            if p.name.startswith(".") or not (p / MANIFEST).is_file():
-                continue
-            try:
-                manifest = json.loads((p / MANIFEST).read_text())
-            except (OSError, ValueError):
-                continue
-            yield Checkpoint(p.name, p, manifest)
+    # -- complete checkpoints -----------------------------------------------------------
+    def _checkpoint_dirs(self, name: str | None = None) -> list[Path]:
+        return [p for p in self.checkpoints_root.iterdir()
+                if not p.name.startswith(".") and p.is_dir() and (name is None or name_of_id(p.name) == name)]
 
     def list_checkpoints(self, name: str | None = None) -> list[Checkpoint]:
-        """Complete checkpoints, oldest first."""
-        items = [c for c in self._iter_checkpoints() if name is None or c.name == name]
+        """Readable checkpoints, oldest first (damaged ones: :meth:`damaged`)."""
+        items = []
+        for p in self._checkpoint_dirs(name):
+            try:
+                items.append(Checkpoint(p.name, p, read_manifest(p)))
+            except CheckpointDamagedError:
+                continue
         return sorted(items, key=lambda c: (c.created, c.id))
 
+    def damaged(self, name: str | None = None) -> list[CheckpointDamagedError]:
+        """Why each checkpoint (of ``name``) whose manifest cannot be used is damaged; its images are kept."""
+        problems = []
+        for p in self._checkpoint_dirs(name):
+            try:
+                read_manifest(p)
+            except CheckpointDamagedError as e:
+                problems.append(e)
+        return problems
+
     def latest(self, name: str) -> Checkpoint | None:
+        """The newest checkpoint of ``name``; CheckpointDamagedError when the newest one is damaged,
+        rather than silently falling back to an older one or to none."""
         items = self.list_checkpoints(name)
+        bad = [p for p in self._checkpoint_dirs(name) if p.name not in {c.id for c in items}]
+        newest_bad = max(bad, key=lambda p: time_of_id(p.name), default=None)
+        if newest_bad is not None and (not items or time_of_id(newest_bad.name) >= int(items[-1].created)):
+            try:
+                read_manifest(newest_bad)
+            except CheckpointDamagedError as e:
+                if items:
+                    e.hint += f" The newest intact one is {items[-1].id}."
+                raise
         return items[-1] if items else None
 
     def get(self, cid: str) -> Checkpoint:
         path = self.checkpoints_root / validate_name(cid, "checkpoint id")
-        try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except FileNotFoundError:
-            raise NotFoundError(f"No checkpoint {cid!r} in {self.root}.", "Run 'gpucr ls' to list them.") from None
-        return Checkpoint(cid, path, manifest)
+        if not path.is_dir():
+            raise NotFoundError(f"No checkpoint {cid!r} in {self.root}.", "Run 'gpucr ls' to list them.")
+        return Checkpoint(cid, path, read_manifest(path))
 
     def delete(self, cid: str) -> None:
-        ckpt = self.get(cid)
-        # Rename first so a half-deleted checkpoint is never listed as complete.
-        trash = ckpt.path.with_name(f".del-{cid}")
-        os.rename(ckpt.path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        """Remove a checkpoint for good (a damaged one too), with the network lock its dump left."""
+        path = self.checkpoints_root / validate_name(cid, "checkpoint id")
+        if not path.is_dir():
+            raise NotFoundError(f"No checkpoint {cid!r} in {self.root}.", "Run 'gpucr ls' to list them.")
+        drop_network_lock(path / "images")
+        self._remove_dir(path)
+
+    @staticmethod
+    def _remove_dir(path: Path) -> None:
+        # Rename first so a half-deleted directory is never listed as complete.
+        doomed = path.with_name(f".del-{path.name}")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def apply_retention(self, name: str, keep_last: int, max_bytes: int | None = None) -> list[str]:
         """Delete older checkpoints of ``name`` beyond ``keep_last``, then oldest ones store-wide
@@ -246,3 +375,138 @@ class Store:
                 deleted.append(ckpt.id)
                 total -= ckpt.size
         return deleted
+
+    # -- trash --------------------------------------------------------------------------
+    def _running_pid(self, name: str) -> int | None:
+        rec = read_json(self.procs_root / name / "run.json") or {}
+        return rec["pid"] if rec.get("state") == "running" and is_alive(rec.get("pid")) else None
+
+    def trash(self, name: str, reason: str) -> str:
+        """Put every checkpoint of ``name`` and its process directory aside under ``trash/ID``;
+        return the trash id. Nothing is deleted: :meth:`untrash` brings it back to the same paths
+        (CRIU reopens the process's files by path), :meth:`purge_trash` deletes it later."""
+        validate_name(name)
+        pid = self._running_pid(name)
+        if pid:
+            raise StateError(f"{name!r} is running as PID {pid}; only a stopped or suspended process goes to the trash.",
+                             f"Checkpoint it ('gpucr checkpoint {name}') or stop it first.")
+        ckpts, proc = self._checkpoint_dirs(name), self.procs_root / name
+        if not ckpts and not proc.is_dir():
+            raise NotFoundError(f"Nothing named {name!r} in {self.root}.", "Run 'gpucr ls' to see the names.")
+        tid = new_id(name)
+        entry = make_private_dir(self.trash_root / tid)
+        write_json_atomic(entry / TRASH_INFO, {"id": tid, "name": name, "trashed_at": time.time(), "reason": reason,
+                                               "checkpoints": sorted(p.name for p in ckpts)})
+        make_private_dir(entry / "checkpoints")
+        for p in ckpts:  # each move is atomic; an interrupted trash leaves the rest where it was
+            os.rename(p, entry / "checkpoints" / p.name)
+        if proc.is_dir():
+            os.rename(proc, entry / "proc")
+        fsync_path(entry)
+        return tid
+
+    def _trash_entry(self, tid: str) -> Path:
+        entry = self.trash_root / validate_name(tid, "trash id")
+        if not entry.is_dir():
+            raise NotFoundError(f"No trash entry {tid!r} in {self.root}.", "Run 'gpucr trash ls' to list them.")
+        return entry
+
+    def _trash_info(self, entry: Path) -> dict[str, Any]:
+        info = read_json(entry / TRASH_INFO) or {}
+        return {"id": entry.name, "name": info.get("name") or name_of_id(entry.name),
+                "trashed_at": info.get("trashed_at") or entry.stat().st_mtime, "reason": info.get("reason", "unknown")}
+
+    def list_trash(self, max_age_s: float | None = None) -> list[dict[str, Any]]:
+        """What is in the trash, oldest first, with the kernel it was (from its newest checkpoint)
+        and when :meth:`purge_trash` with ``max_age_s`` will delete it."""
+        items = []
+        for entry in self.trash_root.iterdir():
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            info = self._trash_info(entry)
+            manifests = sorted((m for m in (read_json(p / MANIFEST) for p in (entry / "checkpoints").glob("*")) if m),
+                               key=lambda m: m.get("created", 0))
+            latest = manifests[-1] if manifests else {}
+            kernel = latest.get("kernel") or {}
+            items.append({
+                **info, "size": dir_size(entry), "engine": latest.get("engine"),
+                "checkpoints": [m.get("id") for m in manifests], "latest_created": latest.get("created"),
+                "kernel_id": kernel.get("kernel_id"), "kernel_name": kernel.get("kernel_name"),
+                "notebook_path": kernel.get("notebook_path"), "path": str(entry),
+                "expires_at": info["trashed_at"] + max_age_s if max_age_s is not None else None,
+            })
+        return sorted(items, key=lambda it: it["trashed_at"])
+
+    def untrash(self, tid: str) -> str:
+        """Move a trash entry back where it came from; return its name. Refused while a process of
+        that name exists, since both would need the same paths."""
+        entry = self._trash_entry(tid)
+        name = validate_name(self._trash_info(entry)["name"])
+        proc = self.procs_root / name
+        pid = self._running_pid(name)
+        if pid:
+            raise StateError(f"A process named {name!r} runs now (PID {pid}); the trashed one needs the same name and paths.",
+                             "Shut that kernel down (or 'gpucr checkpoint' / 'gpucr rm' it) first, then restore from the trash again.")
+        if proc.exists():
+            raise StateError(f"{name!r} is in use: {proc} exists.",
+                             f"Shut that kernel down or remove it ('gpucr rm {name}') first, then restore from the trash again.")
+        back = [p for p in (entry / "checkpoints").glob("*") if p.is_dir()]
+        clash = [p.name for p in back if (self.checkpoints_root / p.name).exists()]
+        if clash:
+            raise StateError(f"Checkpoint {clash[0]} exists in the store already.", f"Remove it ('gpucr rm {clash[0]}') first.")
+        for p in back:
+            os.rename(p, self.checkpoints_root / p.name)
+        if (entry / "proc").is_dir():
+            os.rename(entry / "proc", proc)
+        else:
+            self._write_record_for_checkpoints(name)
+        self._remove_dir(entry)
+        return name
+
+    def _write_record_for_checkpoints(self, name: str) -> None:
+        """A record for checkpoints that came back without one (so they are listed and restorable)."""
+        latest = self.latest(name)
+        m = latest.manifest if latest else {}
+        self.write_proc(name, {"name": name, "state": "checkpointed", "pid": None, "checkpoint": latest.id if latest else None,
+                               "command": m.get("command"), "cwd": m.get("cwd"), "engine": m.get("engine"),
+                               "created": m.get("created"), "uid": os.getuid()})
+
+    def delete_trash(self, tid: str) -> None:
+        entry = self._trash_entry(tid)
+        for images in (entry / "checkpoints").glob("*/images"):
+            drop_network_lock(images)
+        self._remove_dir(entry)
+
+    def purge_trash(self, max_age_s: float) -> list[str]:
+        """Delete trash entries older than ``max_age_s``; return their ids."""
+        cutoff = time.time() - max_age_s
+        doomed = [it["id"] for it in self.list_trash() if it["trashed_at"] < cutoff]
+        for tid in doomed:
+            self.delete_trash(tid)
+        return doomed
+
+    # -- garbage ------------------------------------------------------------------------
+    def remove_leftover_deletions(self) -> list[str]:
+        """Finish deletions that were interrupted (``.del-*``)."""
+        done = []
+        for root in (self.checkpoints_root, self.trash_root):
+            for p in root.glob(".del-*"):
+                shutil.rmtree(p, ignore_errors=True)
+                done.append(p.name)
+        return done
+
+    def collect_garbage(self, live_names: set[str] | None = None) -> list[str]:
+        """Remove what nothing can use: interrupted deletions, temporary directories no recovery
+        can complete (run recovery first), and move checkpoints without a process record (and
+        not in ``live_names``) to the trash, where they stay restorable until purged.
+        Only while nothing else works on the store. Returns what was removed or moved."""
+        done = self.remove_leftover_deletions()
+        for tmp in self.tmp_dirs():
+            if not self.completable(tmp) and not at_work_in([tmp]):
+                shutil.rmtree(tmp, ignore_errors=True)
+                done.append(tmp.name)
+        keep = set(self.proc_names()) | (live_names or set())
+        orphans = {name_of_id(p.name) for p in self._checkpoint_dirs()} - keep - {None}
+        for name in sorted(n for n in orphans if n):
+            done.append(self.trash(name, "orphaned: its process record was gone"))
+        return done
