@@ -212,3 +212,33 @@ def test_namespace_outlives_its_process_while_criu_works_in_it(criu_path, store_
     assert visitor.poll() is None, "the visitor was killed with the namespace"
     assert visitor.wait(timeout=10) == 0
     running.started.popen.wait(timeout=10)  # and then the holder exits
+
+
+def test_changed_and_deleted_open_files_are_named_with_what_to_do(criu_path, store_dir, tmp_path):
+    """CRIU reopens a suspended process's files by path and refuses changed ones tersely; the user
+    gets the file, what changed and a command that lets the restore proceed."""
+    grown, gone = tmp_path / "notes.txt", tmp_path / "scratch.bin"
+    grown.write_text("hello\n")
+    script = f"import time; a = open({str(grown)!r}, 'r+'); b = open({str(gone)!r}, 'w')\nwhile True: time.sleep(0.1)"
+    cr = Checkpointer(store_dir)
+    cr.run("files", [sys.executable, "-c", script])
+    time.sleep(1)
+    cr.checkpoint("files")
+    with open(grown, "a") as f:
+        f.write("written while suspended\n")
+    gone.unlink()
+
+    res = gpucr(store_dir, "restore", "files", check=False)
+    assert res.returncode == 1
+    assert f"The file {grown}" in res.stderr and "changed size" in res.stderr and "6 at the checkpoint" in res.stderr
+    assert f"'truncate -s 6 {grown}'" in res.stderr and "checkpoint is kept" in res.stderr
+    subprocess.run(["truncate", "-s", "6", str(grown)], check=True)
+
+    res = gpucr(store_dir, "restore", "files", check=False)
+    assert res.returncode == 1 and f"The file {gone}" in res.stderr and "No such file or directory" in res.stderr
+    assert f"'touch {gone}'" in res.stderr
+    gone.touch()
+
+    running = cr.restore("files")
+    assert psutil.Process(running.pid).status() != psutil.STATUS_ZOMBIE
+    cr.remove("files", kill=True)

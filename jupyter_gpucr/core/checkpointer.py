@@ -630,7 +630,7 @@ class Checkpointer:
                                      "Checkpoint it first, or pass --kill to stop it and remove everything.")
                 os.kill(rec["pid"], signal.SIGKILL)
                 wait_gone(rec["pid"], 10)
-            removed = [c.id for c in self.store.list_checkpoints(name)]
+            removed = self.store.checkpoint_ids(name)  # damaged ones too: the user asked for all of it
             for cid in removed:
                 self.store.delete(cid)
         self.store.remove_proc(name)

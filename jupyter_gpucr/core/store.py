@@ -299,6 +299,10 @@ class Store:
         return [p for p in self.checkpoints_root.iterdir()
                 if not p.name.startswith(".") and p.is_dir() and (name is None or name_of_id(p.name) == name)]
 
+    def checkpoint_ids(self, name: str | None = None) -> list[str]:
+        """Ids of every complete checkpoint directory (of ``name``), damaged ones included."""
+        return sorted(p.name for p in self._checkpoint_dirs(name))
+
     def list_checkpoints(self, name: str | None = None) -> list[Checkpoint]:
         """Readable checkpoints, oldest first (damaged ones: :meth:`damaged`)."""
         items = []
@@ -402,6 +406,7 @@ class Store:
             os.rename(p, entry / "checkpoints" / p.name)
         if proc.is_dir():
             os.rename(proc, entry / "proc")
+        tighten_permissions(entry)  # loggers may have made files readable by others
         fsync_path(entry)
         return tid
 
