@@ -46,6 +46,29 @@ def _open_stdio(stdout: str, stderr: str) -> None:
         os.dup2(src, dst)
 
 
+def _chdir(cwd: str | None) -> None:
+    """Say which directory is missing (Python's own error would read like a missing command)."""
+    if not cwd:
+        return
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        print(f"gpucr: cannot use the working directory {cwd!r}: {e.strerror}", file=sys.stderr)
+        os._exit(127)
+
+
+def _signal_group(leader: int, signum: int) -> None:
+    """Signal the workload's process group (it is a session leader), as jupyter_client does, so
+    its child processes get interrupts too; the leader alone when the group is gone."""
+    try:
+        os.killpg(leader, signum)
+    except OSError:
+        try:
+            os.kill(leader, signum)
+        except ProcessLookupError:
+            pass
+
+
 def _launch(args: argparse.Namespace) -> int:
     pid = os.fork()
     if pid == 0:
@@ -53,13 +76,13 @@ def _launch(args: argparse.Namespace) -> int:
             os.setsid()
             _open_stdio(args.stdout, args.stderr)
             os.closerange(3, 65536)
-            if args.cwd:
-                os.chdir(args.cwd)
+            _chdir(args.cwd)
             for sig in _FORWARDED:
                 signal.signal(sig, signal.SIG_DFL)
             os.execvp(args.command[0], args.command)
-        except BaseException as e:  # report exec failures through stderr (the log file)
-            print(f"gpucr: cannot start {args.command!r}: {e}", file=sys.stderr)
+        except BaseException as e:  # noqa: BLE001 - the child must never return into the holder's code
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            print(f"gpucr: cannot start {args.command[0]!r}: {why}", file=sys.stderr)
         os._exit(127)
     return pid
 
@@ -117,10 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         if main_pid:
-            try:
-                os.kill(main_pid, signum)
-            except ProcessLookupError:
-                pass
+            _signal_group(main_pid, signum)
 
     for sig in _FORWARDED:
         signal.signal(sig, forward)

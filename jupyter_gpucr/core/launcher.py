@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,10 @@ _DROP_ENV = ("JPY_PARENT_PID",)
 
 
 HOLDER = Path(__file__).with_name("holder.py")
+# The workload exists once the holder reports it started; if it is not in the process table within
+# this, it has already exited (a kernel that dies at start must not be waited on for minutes).
+FIND_GRACE = 5.0
+TAIL_LINES = 12
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ def start_holder(
 ) -> Started | None:
     """Start a holder; return where the workload runs, or None when the holder said it failed."""
     status_path.unlink(missing_ok=True)
+    stderr = _option(holder_args, "--stderr")
+    stderr_log = Path(stderr) if stderr else None
+    stderr_start, log_start = _size(stderr_log), _size(log_path)
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
         popen = subprocess.Popen(
@@ -74,28 +82,85 @@ def start_holder(
     finally:
         if log_path:
             log.close()
-    deadline = time.monotonic() + timeout
-    while not status_path.exists():
-        if popen.poll() is not None and not status_path.exists():
-            raise EngineError(
-                f"The namespace holder exited with code {popen.returncode} before reporting.",
-                f"See {log_path}." if log_path else "Check that unshare works: 'gpucr doctor'.",
-            )
-        if time.monotonic() > deadline:
-            popen.kill()
-            raise EngineError(f"The namespace holder did not report within {timeout:.0f} s.")
-        time.sleep(0.01)
-    status = json.loads(status_path.read_text())
-    status_path.unlink(missing_ok=True)
+    status = _await_status(popen, status_path, timeout, log_path, log_start)
     if not status.get("ok"):
         popen.wait(timeout=10)
         return None
     ns_pid = int(status["ns_pid"])
-    host_pid = None
-    while host_pid is None and time.monotonic() < deadline:
-        host_pid = find_descendant_by_ns_pid(popen.pid, ns_pid)
-        if host_pid is None:
-            time.sleep(0.01)
+    host_pid = _find_workload(popen, ns_pid, time.monotonic() + FIND_GRACE)
     if host_pid is None:
-        raise EngineError("The process started but could not be found in the process table.")
+        raise _exited_at_start(popen, holder_args, stderr_log, stderr_start)
     return Started(popen, popen.pid, host_pid, ns_pid)
+
+
+def _await_status(popen: subprocess.Popen, status_path: Path, timeout: float, log_path: Path | None, log_start: int) -> dict:
+    """The holder's report; fails at once when the holder exits without one."""
+    deadline = time.monotonic() + timeout
+    while not status_path.exists():
+        if popen.poll() is not None and not status_path.exists():
+            raise EngineError(
+                f"The namespace holder exited with code {popen.returncode} before reporting.{_tail_of(log_path, log_start)}",
+                f"See {log_path}." if log_path else "Check that unshare works: 'gpucr doctor'.",
+            )
+        if time.monotonic() > deadline:
+            popen.kill()
+            popen.wait()
+            raise EngineError(f"The namespace holder did not report within {timeout:.0f} s.",
+                              f"See {log_path}." if log_path else "Check that unshare works: 'gpucr doctor'.")
+        time.sleep(0.01)
+    status = json.loads(status_path.read_text())
+    status_path.unlink(missing_ok=True)
+    return status
+
+
+def _find_workload(popen: subprocess.Popen, ns_pid: int, deadline: float) -> int | None:
+    """Host PID of the workload; None as soon as it is gone (the holder exits with it, or it is not
+    in the process table although the holder reported it started)."""
+    while True:
+        host_pid = find_descendant_by_ns_pid(popen.pid, ns_pid)
+        if host_pid is not None or popen.poll() is not None or time.monotonic() > deadline:
+            return host_pid
+        time.sleep(0.01)
+
+
+def _exited_at_start(popen: subprocess.Popen, holder_args: list[str], stderr_log: Path | None, start: int) -> EngineError:
+    """Take the namespace down (leftover children included) and say what died and why,
+    with what it wrote to stderr during this start."""
+    code = popen.poll()
+    if code is None:  # its children still run: --kill-child takes the namespace's init, and all inside, down
+        popen.kill()
+        popen.wait()
+    command = holder_args[holder_args.index("--") + 1:] if "--" in holder_args else []
+    what = shlex.join(command) if holder_args[:1] == ["run"] else "The restored process"
+    how = f" with code {code}" if code is not None else ""
+    tail = _tail_of(stderr_log, start)
+    return EngineError(
+        f"{what} exited{how} right after it started.{tail}",
+        f"Its whole output is in {stderr_log}. Check the command, its working directory and its environment."
+        if tail else "It wrote nothing to stderr. Check the command, its working directory and its environment.",
+    )
+
+
+def _option(args: list[str], name: str) -> str | None:
+    prefix = f"{name}="
+    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path else 0
+    except OSError:
+        return 0
+
+
+def _tail_of(path: Path | None, start: int = 0, lines: int = TAIL_LINES) -> str:
+    """The last lines a log got from ``start`` on, as a paragraph for an error message ('' if none)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return f"\nLast lines of {path}:\n" + "\n".join(text.splitlines()[-lines:]) + "\n" if text else ""

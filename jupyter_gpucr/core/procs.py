@@ -76,3 +76,20 @@ def wait_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return not is_alive(pid)
+
+
+def namespace_init(holder_pid: int) -> int | None:
+    """Host PID of the init (PID 1) of the namespace that ``unshare`` process ``holder_pid`` made.
+
+    SIGKILL to it from outside ends every process of that namespace at once."""
+    try:
+        children = psutil.Process(holder_pid).children()
+    except psutil.Error:
+        return None
+    for child in children:
+        try:
+            if innermost_pid(child.pid) == 1:
+                return child.pid
+        except OSError:
+            continue
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -18,7 +19,12 @@ from jupyter_client.provisioning import LocalProvisioner
 
 from ..core.checkpointer import Checkpointer
 from ..core.launcher import Started
-from ..core.procs import is_alive
+from ..core.procs import is_alive, namespace_init
+
+# What poll() reports for a kernel that exited while processes it left still run in its namespace.
+KERNEL_GONE = 1
+# How long a holder may take to exit after its namespace got SIGKILL.
+REAP_TIMEOUT = 5.0
 
 
 class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
@@ -62,53 +68,98 @@ class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
         return [*cmd, f"--HistoryManager.hist_file={history}"]
 
     def adopt(self, started: Started | None) -> None:
-        """Track a (re)started kernel: the holder's Popen for reaping, the kernel's PID for signals."""
+        """Track a (re)started kernel: the holder's Popen for reaping, the kernel's PID and process
+        group for signals."""
         assert started is not None
         self.process = started.popen
         self.pid = started.holder_pid
-        self.pgid = None
         self.kernel_pid = started.pid
+        self.pgid = _pgid_of(started.pid)
         self.suspended = False
 
     def mark_suspended(self) -> None:
         self.suspended = True
         self.kernel_pid = None
+        self.pgid = None
 
     @property
     def has_process(self) -> bool:
         return self.suspended or self.process is not None
 
     async def poll(self) -> int | None:
+        """None while the kernel process lives. Its own exit status stays with the holder that
+        reaped it; the holder's is reported once it has exited, ``KERNEL_GONE`` until then."""
         if self.suspended:
             return None
-        if self.process is not None and self.process.poll() is None and is_alive(self.kernel_pid):
+        if self.process is None:
+            return 0
+        if is_alive(self.kernel_pid):
             return None
-        return self.process.poll() if self.process is not None else 0
+        code = self.process.poll()
+        return KERNEL_GONE if code is None else code
 
     async def wait(self) -> int | None:
+        """Wait for the kernel to exit, then end what it left in its namespace (children that
+        outlived it would keep the holder, and the kernel's resources, alive)."""
         if self.suspended:
             return None
         while await self.poll() is None:
             await asyncio.sleep(0.1)
-        code = self.process.wait() if self.process is not None else 0
-        self.process = None
-        return code
+        return await self._end_namespace()
 
     async def send_signal(self, signum: int) -> None:
-        if self.suspended or not self.kernel_pid:
+        """Signal the kernel's process group, as LocalProvisioner does, so that its child
+        processes get interrupts and terminations too."""
+        if self.suspended or not self.pgid:
             return
         try:
-            os.kill(self.kernel_pid, signum)
+            os.killpg(self.pgid, signum)
         except ProcessLookupError:
-            pass
+            pass  # the kernel and every process of its group are gone
 
     async def kill(self, restart: bool = False) -> None:
-        await self.send_signal(signal.SIGKILL)
+        """SIGKILL to the init of the kernel's PID namespace: every process inside dies with it."""
+        if not self.suspended and self.process is not None:
+            _kill_namespace(self.process)
 
     async def terminate(self, restart: bool = False) -> None:
         await self.send_signal(signal.SIGTERM)
 
     async def cleanup(self, restart: bool = False) -> None:
-        if self.process is not None and self.process.poll() is None:
-            await asyncio.to_thread(self.process.wait, 10)
+        await self._end_namespace()
         await super().cleanup(restart=restart)
+
+    async def _end_namespace(self) -> int | None:
+        """End whatever is left of the kernel's namespace and reap the holder. Bounded: a
+        shutdown must never hang on a process that does not go away."""
+        popen, self.process = self.process, None
+        if popen is None:
+            return 0
+        if popen.poll() is None:
+            _kill_namespace(popen)
+            try:
+                await asyncio.to_thread(popen.wait, REAP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                self.log.warning("gpucr: the namespace of kernel %s did not end within %.0f s after SIGKILL; "
+                                 "its holder (PID %d) was killed too", self.kernel_id, REAP_TIMEOUT, popen.pid)
+        return popen.returncode
+
+
+def _pgid_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _kill_namespace(holder: subprocess.Popen) -> None:
+    """SIGKILL the namespace's init (its PID 1 takes everything inside along); the ``unshare``
+    process itself when the init is already gone."""
+    if holder.poll() is not None:
+        return
+    init = namespace_init(holder.pid)
+    try:
+        os.kill(init, signal.SIGKILL) if init else holder.kill()
+    except ProcessLookupError:
+        pass

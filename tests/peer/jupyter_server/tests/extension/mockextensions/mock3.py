@@ -1,0 +1,5 @@
+"""A mock extension named `mock3` for testing purposes."""
+
+
+def _load_jupyter_server_extension(serverapp):
+    pass
