@@ -387,26 +387,27 @@ class Checkpointer:
     # -- recovery ------------------------------------------------------------------------
     def recover_all(self, wait_s: float = RECOVER_WAIT) -> dict[str, Recovery]:
         """Recover every name of the store (see :meth:`recover`); run it at start, while nothing
-        else works on the store. Names another operation holds right now are left to it."""
+        else works on the store. Names another live operation holds right now are left to it."""
         self.store.remove_leftover_deletions()
         names = set(self.store.proc_names()) | {n for n in (name_of_id(t.name) for t in self.store.tmp_dirs()) if n}
         results = {}
         for name in sorted(names):
             try:
-                results[name] = self.recover(name, wait_s)
+                results[name] = self.recover(name, wait_s, lock_wait_s=0)
             except (BusyError, InvalidNameError):
                 continue
         return results
 
-    def recover(self, name: str, wait_s: float = RECOVER_WAIT) -> Recovery:
+    def recover(self, name: str, wait_s: float = RECOVER_WAIT, lock_wait_s: float = 10.0) -> Recovery:
         """Make the record of ``name`` true again after a checkpoint or restore whose process died
         (kill -9 included) at any point, so that the user has the running process or a complete
         checkpoint: a live process is resumed (GPU state put back, stopped tasks continued, CRIU's
         network lock dropped) and recorded as running; a finished dump is committed; an unfinished
-        one is removed. Idempotent."""
+        one is removed. Idempotent. ``wait_s`` bounds the wait for a CRIU that the interrupted
+        operation left running; ``lock_wait_s`` the wait for a live operation on the same name."""
         d = self.store.proc_dir(name)
         with ExitStack() as stack:
-            self._lock_waiting(stack, d, name, wait_s)
+            self._lock_waiting(stack, d, name, lock_wait_s)
             self._wait_for_criu(name, wait_s)
             result = self._recover_locked(name)
         if set(os.listdir(d)) <= {".lock", ".status"}:
@@ -485,6 +486,9 @@ class Checkpointer:
     def _recover_locked(self, name: str) -> Recovery:
         rec = read_json(self.store.procs_root / name / "run.json") or {}
         pid = self._find_workload(name, rec)
+        if pid and self._dumped_to_stop(name):
+            wait_gone(pid, 10)  # CRIU kills what it dumped before it exits, but dying takes a moment
+            pid = self._find_workload(name, rec)
         notes = self._resume(name, rec, pid) if pid else []
         committed = []
         for tmp in self.store.tmp_dirs(name):
@@ -504,6 +508,11 @@ class Checkpointer:
         if latest:
             return self._record_suspended(name, rec, latest, committed, notes)
         return self._record_lost(name, rec, notes)
+
+    def _dumped_to_stop(self, name: str) -> bool:
+        """Whether a finished dump of ``name`` was to stop the process (not --leave-running)."""
+        return any(self.store.completable(t) and not (read_json(t / INTENT) or {}).get("leave_running")
+                   for t in self.store.tmp_dirs(name))
 
     def _resume(self, name: str, rec: dict[str, Any], pid: int) -> list[str]:
         """Make a live process run normally whatever point its suspend or restore reached."""
