@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(240)
-
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core.criu import dump_id, network_lock_tables
 
 from .conftest import ask
 from .test_core import gpucr, start_agent
 
+pytestmark = pytest.mark.timeout(240)
 KILLS_PER_OPERATION = 10
 NAME = "victim"
 
