@@ -19,6 +19,13 @@ def request(code: str, msg_type: str = "execute_request") -> dict[str, Any]:
     return msg
 
 
+def message(msg_type: str, content: dict[str, Any], channel: str = "shell") -> dict[str, Any]:
+    """Any client message, as JupyterLab sends it (legacy JSON protocol)."""
+    msg = _session.msg(msg_type, content)
+    msg["channel"] = channel
+    return msg
+
+
 async def send(ws: Any, msg: dict[str, Any]) -> None:
     await ws.write_message(json.dumps(msg, default=json_default))
 

@@ -49,7 +49,7 @@ async def test_culling_suspends_instead_of_deleting(jp_fetch, jp_ws_fetch, jp_se
     async def listener(logger, schema_id, data):
         events.append(data)
 
-    from jupyter_gpucr.server.service import EVENT_SCHEMA_ID
+    from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID
 
     jp_serverapp.event_logger.add_listener(schema_id=EVENT_SCHEMA_ID, listener=listener)
     session = await new_session(jp_fetch, "idle.ipynb")

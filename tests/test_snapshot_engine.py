@@ -12,13 +12,11 @@ import contextlib
 import json
 import os
 import stat
-import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gpucr_hooks import format_duration
 from gpucr_hooks.devicemap import DeviceMap
 from jupyter_client.manager import AsyncKernelManager
 
@@ -234,27 +232,6 @@ def test_save_to_an_invalid_path_fails_clearly_and_the_kernel_keeps_running(tmp_
     assert blocker.read_text() == "not a directory"
     assert [p.name for p in occupied.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "occupied"]  # no staging left
-
-
-def test_restore_notice_shows_once_in_the_next_cell() -> None:
-    async def scenario() -> None:
-        async with kernel() as client:
-            info = {"suspended_at": time.time() - (3 * 3600 + 12 * 60 + 5), "engine": "criu",
-                    "gpu": {"index": 1, "name": "NVIDIA H200"}, "lost": []}
-            await snapshot.notify_restored(client, info)
-            first, _ = await execute(client, "print('cell output')")
-            second, _ = await execute(client, "print('again')")
-            assert first == ("gpucr: restored from disk after 3 h 12 min, onto GPU 1 (NVIDIA H200)\n"
-                             "cell output\n")
-            assert second == "again\n"
-
-    run(scenario())
-
-
-def test_format_duration() -> None:
-    assert [format_duration(s) for s in (-3, 0, 42, 60, 12 * 60 + 59, 3600, 3 * 3600 + 12 * 60,
-                                         86400, 2 * 86400 + 4 * 3600 + 59)] == [
-        "0 s", "0 s", "42 s", "1 min", "12 min", "1 h", "3 h 12 min", "1 d", "2 d 4 h"]
 
 
 def test_device_map() -> None:

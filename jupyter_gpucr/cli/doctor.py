@@ -7,12 +7,12 @@ from typing import Any
 
 import psutil
 
-from ..core import gpus
-from ..core import cuda
+from ..core import cuda, gpus
 from ..core.criu import Criu
 from ..core.errors import GPUCRError
 from ..core.privileges import Check, check_privileges
 from ..core.store import Store
+
 
 def _check_criu(criu_path: str | None) -> list[Check]:
     try:

@@ -1,5 +1,6 @@
-"""The jupyter_server extension: wires the service, kernel managers, websocket class and
-REST handlers together. Configuration lives in :class:`jupyter_gpucr.config.GPUCR`."""
+"""The jupyter_server extension: installs gpucr's kernel manager, websocket connection and REST
+handlers, runs the idle checker, and suspends every kernel before the server stops.
+Configuration lives in :class:`jupyter_gpucr.server.config.GPUCR`."""
 from __future__ import annotations
 
 import asyncio
@@ -7,14 +8,17 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
+from traitlets.utils.importstring import import_item
 
-from .config import GPUCR
 from ..core import cuda
 from ..core.errors import GPUCRError
+from .config import GPUCR
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
-from .service import KernelSuspender
-from .websocket import RestoringWebsocketConnection
+from .lifecycle import RUNNING
+from .websocket import GPUCRWebsocketConnection
+
+KM_CLASS = f"{GPUCRMappingKernelManager.__module__}.{GPUCRMappingKernelManager.__name__}"
 
 
 class GPUCRApp(ExtensionApp):
@@ -22,22 +26,37 @@ class GPUCRApp(ExtensionApp):
     description = "Suspend Jupyter kernels to disk and restore them on demand."
 
     def _link_jupyter_server_extension(self, serverapp: Any) -> None:
-        """Install the kernel manager and websocket classes before the server creates them."""
+        """Install the kernel manager and websocket classes before the server creates them.
+
+        Set in the server's config as well as on its traits: another extension linked later
+        re-applies the server's config to its traits (ExtensionApp._link_jupyter_server_extension)."""
         super()._link_jupyter_server_extension(serverapp)
-        options = GPUCR(parent=serverapp)
-        # Set, never read: reading the trait's default needs parts of the server not made yet.
+        configured = serverapp.config.ServerApp.get("kernel_manager_class")
+        if configured is not None and not _is_gpucr_manager(configured):
+            self._refuse(f"ServerApp.kernel_manager_class is set to {configured!r} in the server's configuration, "
+                         f"and gpucr needs its own ({KM_CLASS}) to suspend kernels.",
+                         "Remove that setting, subclass gpucr's manager, or disable gpucr "
+                         "(jupyter server extension disable jupyter_gpucr).")
+        serverapp.config.ServerApp.kernel_manager_class = KM_CLASS
         serverapp.kernel_manager_class = GPUCRMappingKernelManager
-        serverapp.kernel_websocket_connection_class = RestoringWebsocketConnection
-        if options.checkpointable_kernels:
+        serverapp.kernel_websocket_connection_class = GPUCRWebsocketConnection
+        if GPUCR(parent=serverapp).checkpointable_kernels:
             serverapp.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER
 
     def initialize_settings(self) -> None:
-        self.options = GPUCR(parent=self.serverapp)
         km = self.serverapp.kernel_manager
-        self.service = KernelSuspender(self.options, km, getattr(self.serverapp, "event_logger", None), self.log)
-        km.gpucr = self.service
+        if not isinstance(km, GPUCRMappingKernelManager):
+            self._refuse(f"The server runs kernel manager {type(km).__name__}, not gpucr's: another extension or "
+                         "a configuration replaced it after gpucr was linked.",
+                         "Remove the other ServerApp.kernel_manager_class setting, or disable gpucr.")
+        self.service = km.suspender
         self.settings["gpucr"] = self.service
         self._idle_checker: PeriodicCallback | None = None
+
+    def _refuse(self, message: str, hint: str) -> None:
+        """Stop the server rather than run kernels gpucr cannot see (a silent half-install)."""
+        self.log.critical("gpucr: %s %s", message, hint)
+        raise SystemExit(f"gpucr: {message} {hint}")
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers())
@@ -45,38 +64,21 @@ class GPUCRApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.
         asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
-        await self._adopt_suspended_kernels()
-        if self.options.idle_timeout > 0:
-            self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * self.options.idle_check_interval)
+        await self.service.relist_at_start()
+        options = self.service.options
+        if options.idle_timeout > 0:
+            self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
-            self.log.info("gpucr: suspending kernels idle for more than %d s", self.options.idle_timeout)
-
-    async def _adopt_suspended_kernels(self) -> None:
-        """List kernels that an earlier server with this store suspended, under their ids."""
-        cp = self.service.checkpointer
-        km = self.serverapp.kernel_manager
-        for name in cp.store.proc_names():
-            rec = cp.store.read_proc(name)
-            latest = cp.store.latest(name)
-            kernel = (latest.manifest.get("kernel") if latest else None) or {}
-            if rec.get("state") != "checkpointed" or not kernel or name in km:
-                continue
-            try:
-                await km.adopt_suspended(kernel, self.serverapp.session_manager)
-            except Exception as e:
-                self.log.error("gpucr: could not list suspended kernel %s again: %s", name, e)
-                continue
-            self.service.mark_adopted(name, latest, rec.get("suspended_at"))
-            self.log.info("gpucr: kernel %s is suspended on disk (%s); it restores on first use", name, latest.id)
+            self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
 
     async def _suspend_idle_kernels(self) -> None:
         km = self.serverapp.kernel_manager
+        options = self.service.options
         for kernel_id in list(km.list_kernel_ids()):
-            kernel = km.get_kernel(kernel_id)
-            timeout = kernel.kernel_spec.metadata.get("gpucr_idle_timeout", self.options.idle_timeout)
-            if self.service.states.get(kernel_id) and self.service.states[kernel_id].state != "running":
+            if km.lifecycle.state_of(kernel_id) != RUNNING:
                 continue
-            if km.is_idle(kernel_id, timeout, self.options.suspend_busy, self.options.suspend_connected):
+            timeout = km.get_kernel(kernel_id).kernel_spec.metadata.get("gpucr_idle_timeout", options.idle_timeout)
+            if km.is_idle(kernel_id, timeout, options.suspend_busy, options.suspend_connected):
                 try:
                     await self.service.suspend(kernel_id, reason="idle")
                 except GPUCRError as e:
@@ -87,11 +89,20 @@ class GPUCRApp(ExtensionApp):
         if self._idle_checker:
             self._idle_checker.stop()
         self.service.stopping = True
-        if not self.options.suspend_on_stop:
+        if not self.service.options.suspend_on_stop:
             return
         failures = await self.service.suspend_all("server-stop")
         for kernel_id, why in failures.items():
-            self.log.error("gpucr: kernel %s was not suspended before the server stopped: %s", kernel_id, why)
-        suspended = [k for k, s in self.service.states.items() if s.state == "suspended"]
-        self.log.info("gpucr: %d kernel(s) suspended on disk for the next start", len(suspended))
+            self.log.error("gpucr: kernel %s could not be suspended and stops with the server (its state is lost): %s",
+                           kernel_id, why)
+        on_disk = self.serverapp.kernel_manager.lifecycle.kernel_ids_in("suspended")
+        self.log.info("gpucr: %d kernel(s) are on disk for the next start", len(on_disk))
 
+
+def _is_gpucr_manager(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value = import_item(value)
+        except Exception:
+            return False
+    return isinstance(value, type) and issubclass(value, GPUCRMappingKernelManager)

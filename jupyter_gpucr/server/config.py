@@ -1,7 +1,7 @@
 """Every option of the server extension, as traits: ``c.GPUCR.<name>`` in jupyter_server_config.py."""
 from __future__ import annotations
 
-from traitlets import Bool, Enum, Float, Integer, Unicode
+from traitlets import Bool, Enum, Float, Integer, List, Unicode
 from traitlets.config import Configurable
 
 
@@ -39,7 +39,24 @@ class GPUCR(Configurable):
         help="Also suspend idle kernels that have open connections (a notebook tab left open).",
     )
     keep_last = Integer(1, config=True, help="Checkpoints kept per kernel (older ones are deleted).")
-    max_store_bytes = Integer(0, config=True, help="Delete the oldest checkpoints past this many bytes (0: no limit).")
+    max_store_bytes = Integer(
+        0, config=True,
+        help="Delete the oldest checkpoints past this many bytes (the newest of each kernel is always kept). "
+        "0: half of the store's disk, measured at server start.",
+    )
+    trash_hours = Float(
+        24.0, config=True,
+        help="Hours a suspended kernel's checkpoint stays in the trash after the kernel was shut down or "
+        "restarted, so the user can bring it back (gpucr panel, 'gpucr trash restore').",
+    )
+    restore_on = List(
+        Unicode(),
+        default_value=["execute_request", "complete_request", "inspect_request", "is_complete_request", "comm_msg"],
+        config=True,
+        help="Messages that restore a suspended kernel (comm_msg only for comms open at suspend time). "
+        "Everything else clients send on their own (kernel_info, history, comm_info, debug, usage requests) "
+        "is answered from what was saved at suspend time, without restoring.",
+    )
     suspend_on_stop = Bool(
         True, config=True,
         help="On server stop (SIGTERM, e.g. JupyterHub culling the server), suspend every kernel "

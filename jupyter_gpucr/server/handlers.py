@@ -12,13 +12,14 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..core import gpus
 from ..cli.doctor import report, run_checks
+from ..core import gpus
 from ..core.errors import GPUCRError
 
 AUTH_RESOURCE = "kernels"
 _KERNEL_ID = r"(?P<kernel_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
 _CHECKPOINT_ID = r"(?P<checkpoint_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
+_TRASH_ID = r"(?P<trash_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
 
 
 class GPUCRHandler(APIHandler):
@@ -44,10 +45,7 @@ class GPUCRHandler(APIHandler):
         self.finish(json.dumps({**e.to_dict(), "reason": e.hint}))
 
     async def kernel_state(self, kernel_id: str) -> dict[str, Any]:
-        state = self.service.state(kernel_id).to_dict()
-        if state["checkpoint"]:
-            await self.service.with_current_path(state["checkpoint"])
-        return state
+        return (await self.service.state(kernel_id)).to_dict()
 
 
 class KernelsHandler(GPUCRHandler):
@@ -68,23 +66,44 @@ class KernelHandler(GPUCRHandler):
             self.fail(e)
 
 
-class KernelActionHandler(GPUCRHandler):
+class SuspendHandler(GPUCRHandler):
     @web.authenticated
     @authorized(action="execute")
-    async def post(self, kernel_id: str, action: str) -> None:
+    async def post(self, kernel_id: str) -> None:
         body = self.body()
+        engine, when = body.get("engine"), body.get("when", "now")
+        if engine not in (None, "auto", "criu", "snapshot"):
+            raise web.HTTPError(400, f"Unknown engine {engine!r}: use auto, criu or snapshot.")
+        if when not in ("now", "idle", "interrupt"):
+            raise web.HTTPError(400, f"Unknown 'when' {when!r}: use now, idle (when the cell finishes) or interrupt.")
         try:
-            if action == "suspend":
-                engine = body.get("engine")
-                if engine not in (None, "auto", "criu", "snapshot"):
-                    raise web.HTTPError(400, f"Unknown engine {engine!r}: use auto, criu or snapshot.")
-                st = await self.service.suspend(kernel_id, reason="manual", engine=engine)
-            else:
-                gpu = body.get("gpu")
-                st = await self.service.resume(kernel_id, gpu=None if gpu is None else str(gpu))
+            st = await self.service.suspend(kernel_id, reason="manual", engine=engine, when=when)
         except GPUCRError as e:
             return self.fail(e)
-        self.finish(json.dumps(st.to_dict()))
+        self.set_status(202 if st.state == "suspend-pending" else 200)
+        self.finish(json.dumps(await self.kernel_state(kernel_id)))
+
+    @web.authenticated
+    @authorized(action="execute")
+    async def delete(self, kernel_id: str) -> None:
+        """Cancel a suspend that waits for the running cell."""
+        try:
+            self.service.cancel_pending(kernel_id)
+            self.finish(json.dumps(await self.kernel_state(kernel_id)))
+        except GPUCRError as e:
+            self.fail(e)
+
+
+class ResumeHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str) -> None:
+        gpu = self.body().get("gpu")
+        try:
+            await self.service.resume(kernel_id, gpu=None if gpu is None else str(gpu))
+            self.finish(json.dumps(await self.kernel_state(kernel_id)))
+        except GPUCRError as e:
+            self.fail(e)
 
 
 class CheckpointsHandler(GPUCRHandler):
@@ -92,7 +111,7 @@ class CheckpointsHandler(GPUCRHandler):
     @authorized
     async def get(self) -> None:
         store = self.service.checkpointer.store
-        self.finish(json.dumps([await self.service.with_current_path(c.summary()) for c in store.list_checkpoints()]))
+        self.finish(json.dumps([await self.service.checkpoint_summary(c) for c in store.list_checkpoints()]))
 
 
 class CheckpointHandler(GPUCRHandler):
@@ -101,12 +120,12 @@ class CheckpointHandler(GPUCRHandler):
     async def get(self, checkpoint_id: str) -> None:
         try:
             ckpt = self.service.checkpointer.store.get(checkpoint_id)
-            self.finish(json.dumps(await self.service.with_current_path(ckpt.summary())))
+            self.finish(json.dumps(await self.service.checkpoint_summary(ckpt)))
         except GPUCRError as e:
             self.fail(e)
 
     @web.authenticated
-    @authorized
+    @authorized(action="write")
     async def delete(self, checkpoint_id: str) -> None:
         try:
             await self.service.delete_checkpoint(checkpoint_id)
@@ -114,6 +133,36 @@ class CheckpointHandler(GPUCRHandler):
             return self.fail(e)
         self.set_status(204)
         self.finish()
+
+
+class TrashHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(json.dumps(self.service.list_trash()))
+
+
+class TrashItemHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="write")
+    async def delete(self, trash_id: str) -> None:
+        try:
+            self.service.delete_trash(trash_id)
+        except GPUCRError as e:
+            return self.fail(e)
+        self.set_status(204)
+        self.finish()
+
+
+class TrashRestoreHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="write")
+    async def post(self, trash_id: str) -> None:
+        try:
+            st = await self.service.restore_from_trash(trash_id)
+            self.finish(json.dumps(await self.kernel_state(st.kernel_id)))
+        except GPUCRError as e:
+            self.fail(e)
 
 
 class GpusHandler(GPUCRHandler):
@@ -135,14 +184,18 @@ class DoctorHandler(GPUCRHandler):
     @authorized
     async def get(self) -> None:
         svc = self.service
-        self.finish(json.dumps(report(run_checks(svc.checkpointer.store, svc.config.criu_path or None))))
+        self.finish(json.dumps(report(run_checks(svc.checkpointer.store, svc.options.criu_path or None))))
 
 
 def handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:
     return [
         (rf"{base}/kernels", KernelsHandler),
         (rf"{base}/kernels/{_KERNEL_ID}", KernelHandler),
-        (rf"{base}/kernels/{_KERNEL_ID}/(?P<action>suspend|resume)", KernelActionHandler),
+        (rf"{base}/kernels/{_KERNEL_ID}/suspend", SuspendHandler),
+        (rf"{base}/kernels/{_KERNEL_ID}/resume", ResumeHandler),
+        (rf"{base}/trash", TrashHandler),
+        (rf"{base}/trash/{_TRASH_ID}", TrashItemHandler),
+        (rf"{base}/trash/{_TRASH_ID}/restore", TrashRestoreHandler),
         (rf"{base}/checkpoints", CheckpointsHandler),
         (rf"{base}/checkpoints/{_CHECKPOINT_ID}", CheckpointHandler),
         (rf"{base}/gpus", GpusHandler),

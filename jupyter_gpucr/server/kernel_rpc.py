@@ -1,4 +1,5 @@
-"""Server side of the snapshot engine: run the ``gpucr_hooks`` functions inside a kernel.
+"""The server's one way to talk to a kernel it manages: run the ``gpucr_hooks`` functions inside
+it (trim, snapshot save/load) and collect the replies a suspended kernel answers from disk.
 
 Each call sends one silent execute request (no history, no execution count, no output in
 the notebook): its code runs the hook, so a failure comes back with the kernel's full
@@ -16,10 +17,10 @@ import os
 import queue
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["SnapshotError", "load", "notify_restored", "prepare_suspend", "save"]
+__all__ = ["SnapshotError", "load", "prepare_suspend", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -41,6 +42,38 @@ class SnapshotError(Exception):
         return f"{message}\n{self.kernel_traceback}" if self.kernel_traceback else message
 
 
+async def with_client(km: Any, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn(client, ...)`` with a fresh client of the kernel behind ``km``, closed afterwards."""
+    client = km.client()
+    client.start_channels()
+    try:
+        return await fn(client, *args, **kwargs)
+    finally:
+        client.stop_channels()
+
+
+async def saved_replies(client: Any, timeout: float = 10.0) -> dict[str, Any]:
+    """What a suspended kernel answers from disk: the replies clients ask for on their own
+    when they connect (kernel_info, comm_info, the debugger's debugInfo). A kernel that cannot
+    answer one (no debugger) simply has no saved reply for it."""
+    out: dict[str, Any] = {}
+    out["kernel_info"] = (await client.kernel_info(reply=True, timeout=timeout))["content"]
+    out["comm_info"] = (await client.comm_info(reply=True, timeout=timeout))["content"]
+    if out["kernel_info"].get("debugger"):
+        msg = client.session.msg("debug_request", {"type": "request", "seq": 1, "command": "debugInfo"})
+        client.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                reply = await client.get_control_msg(timeout=deadline - time.monotonic())
+            except queue.Empty:
+                break
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                out["debug_info"] = reply["content"]
+                break
+    return out
+
+
 async def save(client: Any, path: str | os.PathLike[str], timeout: float | None = None) -> dict[str, Any]:
     """Save the kernel's namespace to the new directory ``path`` (see ``gpucr_hooks.snapshot_save``).
 
@@ -60,12 +93,6 @@ async def load(client: Any, path: str | os.PathLike[str], device: str | Mapping[
 async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[str, Any]:
     """Collect garbage and release allocator caches in the kernel; returns its memory report."""
     return await _call(client, "prepare_suspend", {}, timeout)
-
-
-async def notify_restored(client: Any, info: Mapping[str, Any], timeout: float | None = 60.0) -> None:
-    """Have the kernel tell the user, in their next cell, that it was restored (``info`` as in
-    ``gpucr_hooks.after_restore``: suspended_at, gpu, engine, lost)."""
-    await _call(client, "after_restore", {"info": dict(info)}, timeout)
 
 
 async def _call(client: Any, hook: str, arguments: dict[str, Any], timeout: float | None) -> Any:

@@ -1,75 +1,129 @@
 """Kernel managers that keep suspended kernels listed and manageable.
 
-A suspended kernel keeps its id, its entry in ``/api/kernels`` and its sessions; interrupting
-it does nothing, shutting it down deletes its checkpoint, restarting it starts a fresh kernel.
-Culling suspends instead of shutting down, and kernels suspended by a previous server with
-the same store are listed again at start-up.
+A suspended kernel keeps its id, its entry in ``/api/kernels`` and its sessions. Interrupting it
+does nothing; shutting it down or restarting it moves its checkpoint to the trash first (kept
+``trash_hours``), so nothing is lost silently. Culling suspends instead of shutting down.
+
+The mapping manager owns the kernels' :class:`~.lifecycle.KernelLifecycle` and the
+:class:`~.service.KernelSuspender`, and keeps the open websocket connections of each kernel so a
+suspend can hold, put to sleep and wake them.
 """
 from __future__ import annotations
 
 import asyncio
 import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from jupyter_client.provisioning import KernelProvisionerFactory as KPF
+from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager, ServerKernelManager
-from traitlets import default
+from traitlets import Instance, default
 
 from ..core.errors import GPUCRError
-from .websocket import RestoringWebsocketConnection
+from .config import GPUCR
+from .lifecycle import RUNNING, KernelLifecycle
+from .service import KernelSuspender
 
 PROVISIONER = "gpucr-provisioner"
 
 
+class Connection(Protocol):
+    """What a suspend needs of a websocket connection (:class:`.websocket.GPUCRWebsocketConnection`)."""
+
+    in_flight: int
+
+    def hold(self) -> None: ...
+    def sleep(self) -> None: ...
+    def settle(self) -> None: ...
+    async def wake(self) -> None: ...
+
+
 class GPUCRKernelManager(ServerKernelManager):
-    """One kernel; defers to the gpucr service while the kernel is on disk."""
+    """One kernel; asks the suspender first when the kernel is on disk or being moved."""
 
-    def _service(self) -> Any:
-        return getattr(self.parent, "gpucr", None)
-
-    def _suspended(self) -> bool:
-        svc = self._service()
-        return svc is not None and svc.is_suspended(self.kernel_id)
+    @property
+    def suspender(self) -> KernelSuspender:
+        return self.parent.suspender
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
-        if not self._suspended():
-            return await super().shutdown_kernel(now=now, restart=restart)
-        svc = self._service()
-        svc.forget(self.kernel_id, delete_checkpoints=not svc.stopping)
-        self.provisioner.suspended = False
-        self.provisioner.process = None
-        await self._async_cleanup_resources(restart=restart)
+        async with self.suspender.operation(self.kernel_id):
+            if self.parent.lifecycle.is_on_disk(self.kernel_id):
+                self.suspender.shelve(self.kernel_id, "restart" if restart else "shutdown")
+                self.provisioner.suspended = False
+                self.provisioner.process = None
+                await self._async_cleanup_resources(restart=restart)
+                return
+            self.suspender.cancel_pending(self.kernel_id)
+            await super().shutdown_kernel(now=now, restart=restart)
+            if not restart:
+                self.suspender.discard(self.kernel_id)
 
     async def interrupt_kernel(self) -> None:
-        if not self._suspended():
+        if not self.parent.lifecycle.is_on_disk(self.kernel_id):
             await super().interrupt_kernel()
 
     async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:
-        if self._suspended():  # the user asked for a fresh kernel: the checkpoint goes
-            self._service().forget(self.kernel_id, delete_checkpoints=True)
-            self.provisioner.suspended = False
-            self.provisioner.process = None
+        async with self.suspender.operation(self.kernel_id):
+            if self.parent.lifecycle.is_on_disk(self.kernel_id):  # the user asked for a fresh kernel
+                self.suspender.shelve(self.kernel_id, "restart")
+                self.provisioner.suspended = False
+                self.provisioner.process = None
+            else:
+                self.suspender.cancel_pending(self.kernel_id)
         await super().restart_kernel(now=now, newports=newports, **kw)
 
 
 class GPUCRMappingKernelManager(AsyncMappingKernelManager):
-    """The server's kernel manager with gpucr's suspend/resume hooks."""
+    """The server's kernel manager with gpucr's lifecycle, suspender and connection registry."""
 
-    gpucr: Any = None  # the KernelSuspender, set by the extension
+    lifecycle = Instance(KernelLifecycle)
+    suspender = Instance(KernelSuspender)
 
     @default("kernel_manager_class")
     def _default_kernel_manager_class(self) -> str:
         return "jupyter_gpucr.server.kernelmanager.GPUCRKernelManager"
 
-    def _validate_kernel_manager_class(self, proposal: Any) -> Any:
-        return proposal.value
+    @default("lifecycle")
+    def _default_lifecycle(self) -> KernelLifecycle:
+        return KernelLifecycle(parent=self, event_logger=getattr(self.parent, "event_logger", None))
+
+    @default("suspender")
+    def _default_suspender(self) -> KernelSuspender:
+        return KernelSuspender(GPUCR(parent=self.parent), self, self.lifecycle, self.log)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._connections: dict[str, set[Connection]] = {}
 
     def kernel_model(self, kernel_id: str) -> dict[str, Any]:
         model = super().kernel_model(kernel_id)
-        if self.gpucr is not None and kernel_id in self.gpucr.states:
-            model["gpucr"] = {"state": self.gpucr.states[kernel_id].state}
+        st = self.lifecycle.get(kernel_id)
+        model["gpucr"] = {"state": st.state, "kind": st.kind, "suspended_at": st.suspended_at,
+                          "size": (st.checkpoint or {}).get("size")}
         return model
+
+    # -- websocket connections -------------------------------------------------------------
+    def register_connection(self, kernel_id: str, conn: Connection) -> None:
+        self._connections.setdefault(kernel_id, set()).add(conn)
+
+    def unregister_connection(self, kernel_id: str, conn: Connection) -> None:
+        self._connections.get(kernel_id, set()).discard(conn)
+
+    def connections_of(self, kernel_id: str) -> list[Connection]:
+        return list(self._connections.get(kernel_id, ()))
+
+    def hold_messages(self, kernel_id: str) -> None:
+        for conn in self.connections_of(kernel_id):
+            conn.hold()
+
+    async def wait_for_replies(self, kernel_id: str, timeout: float) -> int:
+        """Wait until the kernel finished every request clients sent it; the number left."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            left = sum(c.in_flight for c in self.connections_of(kernel_id))
+            if not left or asyncio.get_running_loop().time() >= deadline:
+                return left
+            await asyncio.sleep(0.02)
 
     # -- around a suspend ----------------------------------------------------------------
     async def detach_kernel(self, kernel_id: str, execution_state: str) -> None:
@@ -83,18 +137,32 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         self.stop_watching_activity(kernel_id)
         km.execution_state = execution_state
         self.stop_buffering(kernel_id)
-        for conn in list(RestoringWebsocketConnection.registry.get(kernel_id, ())):
+        for conn in self.connections_of(kernel_id):
             conn.sleep()
+        # jupyter_client has no public way to close the control socket it keeps open
+        # (checked against jupyter_client 8.10); a frozen kernel must not hold it.
         km._close_control_socket()
         await asyncio.sleep(0.1)  # let ZeroMQ send the FINs before the dump freezes the kernel
 
     async def reattach_kernel(self, kernel_id: str) -> None:
+        """The kernel runs again (restored, or the suspend failed after detaching)."""
         km = self.get_kernel(kernel_id)
-        km._connect_control_socket()
+        if km._control_socket is None:  # private as above
+            km._connect_control_socket()
         self.start_watching_activity(kernel_id)
         km.start_restarter()
-        for conn in list(RestoringWebsocketConnection.registry.get(kernel_id, ())):
-            await conn.wake()
+        await self.wake_connections(kernel_id)
+
+    async def wake_connections(self, kernel_id: str) -> None:
+        for conn in self.connections_of(kernel_id):
+            try:
+                await conn.wake()
+            except Exception as e:  # one broken websocket must not stop the others
+                self.log.warning("gpucr: a connection to kernel %s could not be woken: %s", kernel_id, e)
+
+    def settle_connections(self, kernel_id: str) -> None:
+        for conn in self.connections_of(kernel_id):
+            conn.settle()
 
     async def sessions_of(self, kernel_id: str) -> list[dict[str, Any]]:
         sm = getattr(self.parent, "session_manager", None)
@@ -106,7 +174,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
 
     # -- culling and idle suspension -----------------------------------------------------
     def is_idle(self, kernel_id: str, timeout: float, busy_ok: bool, connected_ok: bool) -> bool:
-        kernel = self._kernels[kernel_id]
+        kernel = self.get_kernel(kernel_id)
         if not hasattr(kernel, "last_activity") or timeout <= 0:
             return False
         idle = utcnow() - kernel.last_activity > datetime.timedelta(seconds=timeout)
@@ -115,23 +183,26 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         return idle and not_busy and not_connected
 
     async def cull_kernel_if_idle(self, kernel_id: str) -> None:
-        svc = self.gpucr
-        if svc is None or not svc.config.suspend_on_cull:
+        if not self.suspender.options.suspend_on_cull:
             return await super().cull_kernel_if_idle(kernel_id)
-        kernel = self._kernels[kernel_id]
-        if svc.state(kernel_id).state != "running" or getattr(kernel, "execution_state", None) == "dead":
-            return await super().cull_kernel_if_idle(kernel_id) if svc.state(kernel_id).state == "running" else None
+        if self.lifecycle.state_of(kernel_id) != RUNNING:
+            return None
+        kernel = self.get_kernel(kernel_id)
+        if getattr(kernel, "execution_state", None) == "dead":
+            return await super().cull_kernel_if_idle(kernel_id)
         timeout = kernel.kernel_spec.metadata.get("cull_idle_timeout", self.cull_idle_timeout)
         if self.is_idle(kernel_id, timeout, self.cull_busy, self.cull_connected):
             self.log.warning("gpucr: suspending idle kernel %s instead of culling it", kernel_id)
             try:
-                await svc.suspend(kernel_id, reason="idle")
+                await self.suspender.suspend(kernel_id, reason="idle")
             except GPUCRError as e:
                 self.log.error("gpucr: could not suspend idle kernel %s: %s", kernel_id, e)
+        return None
 
-    # -- server start --------------------------------------------------------------------
-    async def adopt_suspended(self, record: dict[str, Any], session_manager: Any) -> None:
-        """List a kernel suspended by an earlier server again, with its sessions."""
+    # -- kernels of an earlier server ----------------------------------------------------
+    async def list_suspended(self, record: dict[str, Any]) -> None:
+        """List a kernel that is on disk (suspended by an earlier server, or brought back from
+        the trash) under its id, with its sessions."""
         kernel_id = record["kernel_id"]
         km = self.kernel_manager_factory(
             parent=self, log=self.log, kernel_name=record["kernel_name"], owns_kernel=True,
@@ -139,19 +210,25 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         km.kernel_id = kernel_id
         km.load_connection_info(record["connection_info"])
         km.write_connection_file()
-        km.provisioner = KPF.instance(parent=self).create_provisioner_instance(kernel_id, km.kernel_spec, parent=km)
+        km.provisioner = KernelProvisionerFactory.instance(parent=self).create_provisioner_instance(
+            kernel_id, km.kernel_spec, parent=km)
         km.provisioner.connection_info = record["connection_info"]
         km.provisioner.cwd = record.get("cwd") or None
         km.provisioner.mark_suspended()
+        # jupyter_client keeps the launch arguments (for restarts) and the readiness future only
+        # in these private attributes (checked against jupyter_client 8.10).
         km._launch_args = {"cwd": record.get("cwd") or None}
         km._ready = asyncio.get_running_loop().create_future()
         km._ready.set_result(None)
         km.execution_state = "idle"
         km.last_activity = utcnow()
         km.reason = ""
+        # The stock manager registers kernels in these maps in _async_start_kernel, which a
+        # kernel on disk never runs (checked against jupyter_server 2.21).
         self._kernels[kernel_id] = km
         self._kernel_connections[kernel_id] = 0
         self._kernel_ports[kernel_id] = km.ports
+        sm = self.parent.session_manager
         for s in record.get("sessions", []):
-            await session_manager.save_session(s["id"], path=s["path"], name=s["name"], type=s["type"],
-                                               kernel_id=kernel_id)
+            if not await sm.session_exists(path=s["path"]):
+                await sm.save_session(s["id"], path=s["path"], name=s["name"], type=s["type"], kernel_id=kernel_id)

@@ -1,100 +1,115 @@
-"""The server's suspend/resume service: one kernel at a time through its lifecycle
-``running -> suspending -> suspended -> restoring -> running``.
+"""The server's suspend/resume service: moves kernels through their lifecycle.
 
-It owns the per-kernel state the REST API and UI show, closes and reopens the server's own
-ZeroMQ connections around the engine, asks the kernel to trim itself first, records what a
-later server needs to list the kernel again (connection info, sessions, kernel_info), and
-emits every state change and progress step on jupyter_server's event bus.
+It asks the kernel to trim itself and saves the replies a suspended kernel answers from disk,
+holds the clients' messages while the kernel is frozen, runs one of the engines, keeps one
+operation per kernel at a time (a shutdown waits for a running suspend), moves the checkpoints
+of kernels that are shut down or restarted while on disk to the trash, and lists kernels that
+an earlier server left on disk (or running) again at start.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from jupyter_events import EventLogger
+import psutil
 
 from ..core import gpus
 from ..core.checkpointer import Checkpointer
-from ..core.privileges import check_privileges
-from . import kernel_rpc
-from ..core.procs import tree
-from .provisioner import GPUCRProvisioner
-from .config import GPUCR
-from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
-from .snapshot_engine import PAYLOAD as SNAPSHOT_PAYLOAD, KernelSnapshots
+from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFoundError, StateError
+from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store
+from . import kernel_rpc
+from .config import GPUCR
+from .dormant import Saved
+from .engines import CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
+from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState
 
 if TYPE_CHECKING:
     from .kernelmanager import GPUCRMappingKernelManager
 
-EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
-EVENT_SCHEMA = Path(__file__).parent / "events" / "kernel-state.yaml"
+#: How long a suspend waits for requests the kernel already received to finish.
+REPLY_GRACE_S = 2.0
 
 
-@dataclass
-class KernelState:
-    """What the REST API reports for one kernel."""
+class KernelBusyError(StateError):
+    """The kernel runs a cell: the suspend can wait for it or interrupt it (``options``)."""
 
-    kernel_id: str
-    state: str = "running"
-    engine: str | None = None
-    checkpoint: dict[str, Any] | None = None
-    gpu: dict[str, Any] | None = None
-    progress: dict[str, Any] | None = None
-    engine_reason: str | None = None
-    lost: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    suspended_at: float | None = None
-    error: str | None = None
-    hint: str | None = None
-    trim: dict[str, Any] | None = None
-    timings: dict[str, float] = field(default_factory=dict)
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message, hint)
+        self.options = ["idle", "interrupt"]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**super().to_dict(), "options": self.options}
 
 
 class KernelSuspender:
-    """Suspends and resumes kernels of one server; see the module docstring."""
+    """Suspends and resumes the kernels of one server; see the module docstring."""
 
-    def __init__(self, config: GPUCR, kernel_manager: "GPUCRMappingKernelManager", event_logger: EventLogger | None,
+    def __init__(self, config: GPUCR, kernel_manager: GPUCRMappingKernelManager, lifecycle: KernelLifecycle,
                  log: Any) -> None:
-        self.config = config
-        self.kernel_manager = kernel_manager
-        self.event_logger = event_logger
+        self.options = config
         self.log = log
+        self.kernel_manager = kernel_manager
+        self.lifecycle = lifecycle
+        store = Store(config.store or None)
         self.checkpointer = Checkpointer(
-            Store(config.store or None), criu_path=config.criu_path or None, keep_last=config.keep_last,
-            max_bytes=config.max_store_bytes or None, lock_timeout_ms=config.lock_timeout_ms)
-        self.snapshots = KernelSnapshots(self.checkpointer.store, config.keep_last, config.max_store_bytes or None)
-        self.states: dict[str, KernelState] = {}
-        self._kernel_infos: dict[str, dict[str, Any]] = {}
-        self._resumes: dict[str, asyncio.Task] = {}
-        self._busy: set[str] = set()
+            store, criu_path=config.criu_path or None, keep_last=config.keep_last,
+            max_bytes=config.max_store_bytes or _half_of_disk(store), lock_timeout_ms=config.lock_timeout_ms)
+        self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer),
+                                                                       SnapshotEngine(self.checkpointer))}
+        self._saved: dict[str, dict[str, Any]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._resumes: dict[str, asyncio.Task[KernelState]] = {}
+        self._pending: dict[str, asyncio.Task[None]] = {}
         self.stopping = False
-        if event_logger is not None and EVENT_SCHEMA_ID not in event_logger.schemas.schema_ids:
-            event_logger.register_event_schema(EVENT_SCHEMA)
 
-    # -- state ---------------------------------------------------------------------------
-    def state(self, kernel_id: str) -> KernelState:
+    @property
+    def store(self) -> Store:
+        return self.checkpointer.store
+
+    # -- looking ---------------------------------------------------------------------------
+    def _kernel(self, kernel_id: str) -> Any:
         if kernel_id not in self.kernel_manager:
             raise NotFoundError(f"No kernel {kernel_id}.", "List kernels with GET /api/kernels.")
-        st = self.states.setdefault(kernel_id, KernelState(kernel_id))
-        if st.state == "running":
+        return self.kernel_manager.get_kernel(kernel_id)
+
+    async def state(self, kernel_id: str) -> KernelState:
+        """The kernel's state as the REST API shows it, with its GPU and notebook now."""
+        self._kernel(kernel_id)
+        st = self.lifecycle.get(kernel_id)
+        if st.state == RUNNING:
             st.gpu = self._gpu_of(kernel_id)
+            st.kind = "gpu" if st.gpu else "cpu"
+        st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
+        if st.checkpoint:
+            st.checkpoint["notebook_path"] = st.notebook_path
         return st
 
-    def kernel_info_of(self, kernel_id: str) -> dict[str, Any] | None:
-        """The kernel_info reply cached at suspend time, answered while the kernel is on disk."""
-        return self._kernel_infos.get(kernel_id)
+    async def _notebook_path(self, kernel_id: str) -> str | None:
+        sessions = await self.kernel_manager.sessions_of(kernel_id)
+        return sessions[0]["path"] if sessions else None
 
-    def is_suspended(self, kernel_id: str) -> bool:
-        st = self.states.get(kernel_id)
-        return st is not None and st.state in ("suspended", "restoring")
+    async def _display_name(self, kernel_id: str) -> str:
+        path = await self._notebook_path(kernel_id)
+        return f"“{os.path.basename(path)}”" if path else "The kernel"
+
+    async def checkpoint_summary(self, ckpt: Checkpoint) -> dict[str, Any]:
+        """A checkpoint as the REST API shows it: the notebook path is the kernel's session
+        path now, not at suspend time (the notebook may have been renamed since)."""
+        summary = ckpt.summary()
+        if ckpt.name in self.kernel_manager:
+            summary["notebook_path"] = await self._notebook_path(ckpt.name) or summary["notebook_path"]
+        return summary
+
+    def saved_for(self, kernel_id: str) -> Saved:
+        """What the kernel said at suspend time, for a dormant connection to answer from."""
+        history = self.store.proc_dir(kernel_id) / "history.sqlite"
+        return Saved(self._saved.get(kernel_id, {}), history if history.exists() else None)
 
     def _gpu_of(self, kernel_id: str) -> dict[str, Any] | None:
         pid = getattr(self.kernel_manager.get_kernel(kernel_id).provisioner, "kernel_pid", None)
@@ -102,312 +117,380 @@ class KernelSuspender:
             return None
         try:
             used = gpus.gpus_of(tree(pid))
-        except Exception:
+        except (psutil.Error, OSError, GPUCRError):
             return None
         return used[0] if used else None
-
-    def _emit(self, st: KernelState, phase: str, done: int = 0, total: int = 0) -> None:
-        st.progress = {"phase": phase, "bytes_done": done, "bytes_total": total}
-        if self.event_logger is None:
-            return
-        self.event_logger.emit(schema_id=EVENT_SCHEMA_ID, data={
-            "kernel_id": st.kernel_id, "state": st.state, "phase": phase, "bytes_done": int(done),
-            "bytes_total": int(total), "error": st.error or ""})
-
-    def _progress_callback(self, st: KernelState):
-        loop = asyncio.get_running_loop()
-
-        def report(phase: str, done: int, total: int) -> None:
-            loop.call_soon_threadsafe(self._emit, st, phase, done, total)
-
-        return report
-
-    # -- suspend -------------------------------------------------------------------------
-    async def suspend(self, kernel_id: str, reason: str = "manual", engine: str | None = None) -> KernelState:
-        st = self.state(kernel_id)
-        km = self.kernel_manager.get_kernel(kernel_id)
-        if kernel_id in self._busy or st.state != "running":
-            raise StateError(f"Kernel {kernel_id} is {st.state if st.state != 'running' else 'busy with another operation'}.",
-                             "Wait until it is running again." if st.state != "suspended" else "It is already on disk.")
-        for _ in range(10):  # let a momentary busy (a completion request) pass
-            if km.execution_state != "busy":
-                break
-            await asyncio.sleep(0.1)
-        if km.execution_state == "busy" and reason == "manual":
-            raise StateError(f"Kernel {kernel_id} is busy running code.",
-                             "Wait for the cell to finish or interrupt it, then suspend.")
-        engine, why = self.choose_engine(km, engine or self.config.engine)
-        execution_state = km.execution_state
-        self._busy.add(kernel_id)
-        st.state, st.error, st.hint = "suspending", None, None
-        try:
-            self._emit(st, "trimming")
-            kernel_info, st.trim = await self._prepare_kernel(km, trim=engine == "criu")
-            if kernel_info:
-                self._kernel_infos[kernel_id] = kernel_info
-            extra = {"kernel": await self._kernel_record(kernel_id, km, kernel_info), "reason": reason,
-                     "engine_reason": why}
-            if engine == "criu":
-                ckpt = await self._suspend_criu(kernel_id, km, reason, extra, st, execution_state)
-            else:
-                ckpt = await self._suspend_snapshot(kernel_id, km, extra, st, execution_state)
-        except GPUCRError as e:
-            st.state, st.error, st.hint = "running", e.message, e.hint
-            self._emit(st, "failed")
-            raise
-        finally:
-            self._busy.discard(kernel_id)
-        st.state, st.engine, st.engine_reason, st.suspended_at = "suspended", engine, why, time.time()
-        st.checkpoint, st.gpu = ckpt.summary(), None
-        st.lost = ckpt.manifest.get("snapshot", {}).get("lost", [])
-        st.timings = ckpt.manifest.get("timings", {})
-        self._emit(st, "done", ckpt.size, ckpt.size)
-        self.log.info("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine, reason,
-                      ckpt.size >> 20, st.timings.get("total", 0))
-        return st
-
-    def choose_engine(self, km: Any, requested: str) -> tuple[str, str]:
-        """Pick the engine for a suspend and say why: criu when it can run, else snapshot."""
-        problem = self._criu_problem(km)
-        if requested == "snapshot":
-            return "snapshot", "requested"
-        if requested == "criu":
-            if problem:
-                raise PreconditionError(f"The criu engine cannot suspend this kernel: {problem}",
-                                        "Use the snapshot engine (engine: snapshot).")
-            return "criu", "requested"
-        if problem:
-            return "snapshot", f"criu unavailable: {problem}"
-        return "criu", "whole process (CRIU + CUDA driver) available"
-
-    def _criu_problem(self, km: Any) -> str | None:
-        if not isinstance(km.provisioner, GPUCRProvisioner):
-            return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
-        try:
-            self.checkpointer.criu
-        except GPUCRError as e:
-            return e.message
-        if os.geteuid() != 0:
-            check = check_privileges()
-            if not check.ok:
-                return f"no checkpoint privileges ({check.detail})"
-        return None
-
-    async def _suspend_criu(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any],
-                            st: KernelState, execution_state: str) -> Checkpoint:
-        await self.kernel_manager.detach_kernel(kernel_id, execution_state)
-        try:
-            ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra,
-                                           self._progress_callback(st))
-        except BaseException:
-            await self.kernel_manager.reattach_kernel(kernel_id)
-            raise
-        km.provisioner.mark_suspended()
-        await km.provisioner.cleanup(restart=True)
-        return ckpt
-
-    async def _suspend_snapshot(self, kernel_id: str, km: Any, extra: dict[str, Any], st: KernelState,
-                                execution_state: str) -> Checkpoint:
-        self._emit(st, "dumping")
-        ckpt = await self.snapshots.save(km, kernel_id, extra)  # the kernel still runs if this fails
-        await self.kernel_manager.detach_kernel(kernel_id, execution_state)
-        await km.shutdown_kernel(now=False, restart=True)
-        if hasattr(km.provisioner, "mark_suspended"):
-            km.provisioner.mark_suspended()
-        self.checkpointer.store.write_proc(kernel_id, {
-            "name": kernel_id, "state": "checkpointed", "engine": "snapshot", "checkpoint": ckpt.id, "pid": None,
-            "suspended_at": time.time(), "uid": os.getuid()})
-        return ckpt
-
-    async def _prepare_kernel(self, km: Any, trim: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Ask the kernel for its kernel_info (served from cache while it is suspended) and to
-        trim itself; neither may block a suspend, so failures only log."""
-        client = km.client()
-        client.start_channels()
-        info = report = None
-        try:
-            reply = await client.kernel_info(reply=True, timeout=10)
-            info = reply["content"]
-            if trim and self.config.trim_before_suspend:
-                report = await kernel_rpc.prepare_suspend(client, timeout=60)
-        except Exception as e:
-            self.log.warning("gpucr: kernel did not trim before suspend: %s", e)
-        finally:
-            client.stop_channels()
-        return info, report
-
-    async def _kernel_record(self, kernel_id: str, km: Any, kernel_info: dict[str, Any] | None) -> dict[str, Any]:
-        sessions = await self.kernel_manager.sessions_of(kernel_id)
-        return {
-            "kernel_id": kernel_id, "kernel_name": km.kernel_name, "connection_info": _jsonable(km.get_connection_info()),
-            "kernel_info": kernel_info, "sessions": sessions, "cwd": str(getattr(km.provisioner, "cwd", "") or ""),
-            "notebook_path": sessions[0]["path"] if sessions else None,
-            "last_activity": km.last_activity.isoformat() if getattr(km, "last_activity", None) else None,
-        }
-
-    # -- resume --------------------------------------------------------------------------
-    async def resume(self, kernel_id: str, gpu: str | None = None) -> KernelState:
-        """Restore a suspended kernel; concurrent callers share one restore."""
-        st = self.state(kernel_id)
-        if st.state == "running" and kernel_id not in self._resumes:
-            return st
-        if st.state == "suspending":
-            raise StateError(f"Kernel {kernel_id} is being suspended.", "Resume it once that finished.")
-        task = self._resumes.get(kernel_id)
-        if task is None:
-            task = asyncio.ensure_future(self._resume(kernel_id, gpu or self.config.gpu_placement))
-            self._resumes[kernel_id] = task
-            task.add_done_callback(lambda _t: self._resumes.pop(kernel_id, None))
-        return await asyncio.shield(task)
-
-    async def _resume(self, kernel_id: str, gpu: str) -> KernelState:
-        st = self.state(kernel_id)
-        km = self.kernel_manager.get_kernel(kernel_id)
-        st.state, st.error, st.hint = "restoring", None, None
-        self._emit(st, "restoring")
-        ckpt = self.checkpointer.store.latest(kernel_id)
-        try:
-            if ckpt is None:
-                raise StateError(f"Kernel {kernel_id} has no checkpoint left.", "Shut it down and start a new kernel.")
-            if ckpt.manifest.get("engine") == "snapshot":
-                timings = await self._resume_snapshot(kernel_id, km, ckpt, gpu, st)
-            else:
-                timings = await self._resume_criu(kernel_id, km, gpu, st)
-        except GPUCRError as e:
-            st.state, st.error, st.hint = "suspended", e.message, e.hint
-            self._emit(st, "failed")
-            raise
-        st.gpu = self._gpu_of(kernel_id)
-        # Before any client's queued cell runs, so the notice lands in that very cell.
-        await self._notify_kernel(km, st.suspended_at, st.gpu, st.engine or "criu", st.lost)
-        await self.kernel_manager.reattach_kernel(kernel_id)
-        st.state, st.suspended_at, st.timings = "running", None, timings
-        self._emit(st, "done")
-        self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, timings.get("total", 0))
-        return st
-
-    async def _resume_criu(self, kernel_id: str, km: Any, gpu: str, st: KernelState) -> dict[str, float]:
-        running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, None,
-                                          self._progress_callback(st), False)
-        km.provisioner.adopt(running.started)
-        return running.timings
-
-    async def _resume_snapshot(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str,
-                               st: KernelState) -> dict[str, float]:
-        t0 = time.perf_counter()
-        await asyncio.to_thread(ckpt.verify, SNAPSHOT_PAYLOAD)
-        if hasattr(km.provisioner, "suspended"):
-            km.provisioner.suspended = False
-        await km.start_kernel(**(km._launch_args or {}))
-        device = f"cuda:{gpu}" if str(gpu).isdigit() else None
-        try:
-            report = await self.snapshots.load(km, ckpt, device)
-        except GPUCRError:
-            await km.shutdown_kernel(now=True, restart=True)
-            if hasattr(km.provisioner, "mark_suspended"):
-                km.provisioner.mark_suspended()
-            raise
-        st.lost = report.get("lost", [])
-        st.warnings = report.get("warnings", [])
-        return {"total": time.perf_counter() - t0}
-
-    async def _notify_kernel(self, km: Any, suspended_at: float | None, gpu: dict[str, Any] | None, engine: str,
-                             lost: list[dict[str, Any]]) -> None:
-        client = km.client()
-        client.start_channels()
-        try:
-            await kernel_rpc.notify_restored(client, {"suspended_at": suspended_at, "gpu": gpu, "engine": engine, "lost": lost},
-                                           timeout=10)
-        except Exception as e:
-            self.log.debug("gpucr: restored kernel was not notified: %s", e)
-        finally:
-            client.stop_channels()
-
-    # -- server start and stop -----------------------------------------------------------
-    def mark_adopted(self, kernel_id: str, ckpt: Checkpoint, suspended_at: float | None) -> None:
-        """A kernel an earlier server suspended is listed again by this one."""
-        m = ckpt.manifest
-        if m["kernel"].get("kernel_info"):
-            self._kernel_infos[kernel_id] = m["kernel"]["kernel_info"]
-        self.states[kernel_id] = KernelState(
-            kernel_id, state="suspended", engine=m.get("engine"), engine_reason=m.get("engine_reason"),
-            checkpoint=ckpt.summary(), suspended_at=suspended_at, lost=m.get("snapshot", {}).get("lost", []))
-
-    async def suspend_all(self, reason: str = "server-stop") -> dict[str, str]:
-        """Suspend every running kernel within the stop budget; return failures by kernel id."""
-        running = [k for k in list(self.kernel_manager.list_kernel_ids())
-                   if self.states.get(k, KernelState(k)).state == "running"]
-        failures: dict[str, str] = {}
-
-        async def one(kernel_id: str) -> None:
-            try:
-                await self.suspend(kernel_id, reason=reason)
-            except GPUCRError as e:
-                failures[kernel_id] = str(e)
-
-        sem = asyncio.Semaphore(2)
-
-        async def limited(kernel_id: str) -> None:
-            async with sem:
-                await one(kernel_id)
-
-        tasks = [asyncio.ensure_future(limited(k)) for k in running]
-        if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=self.config.stop_budget)
-            for k, t in zip(running, tasks):
-                if t in pending:
-                    failures[k] = f"not finished within the stop budget of {self.config.stop_budget:.0f} s"
-        return failures
-
-    async def with_current_path(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """A checkpoint summary as the REST API shows it: the notebook path is the kernel's
-        session path now, not at suspend time (the notebook may have been renamed since)."""
-        kernel_id = summary.get("kernel_id")
-        if kernel_id and kernel_id in self.kernel_manager:
-            sessions = await self.kernel_manager.sessions_of(kernel_id)
-            if sessions:
-                summary["notebook_path"] = sessions[0]["path"]
-        return summary
-
-    async def delete_checkpoint(self, checkpoint_id: str) -> None:
-        """Delete a checkpoint; the last one of a suspended kernel is that kernel, so deleting
-        it shuts the kernel down (the UI asks first)."""
-        store = self.checkpointer.store
-        ckpt = store.get(checkpoint_id)
-        kernel_id = ckpt.name
-        latest = store.latest(kernel_id)
-        if self.is_suspended(kernel_id) and latest is not None and latest.id == checkpoint_id:
-            if self.states[kernel_id].state == "restoring":
-                raise StateError(f"Kernel {kernel_id} is being restored from this checkpoint.", "Try again later.")
-            await self.kernel_manager.shutdown_kernel(kernel_id)
-            return
-        store.delete(checkpoint_id)
-        if kernel_id in self.states and self.states[kernel_id].checkpoint and \
-                self.states[kernel_id].checkpoint.get("id") == checkpoint_id:
-            self.states[kernel_id].checkpoint = None
 
     def kernels_by_pid(self) -> dict[int, str]:
         """Host PIDs of running kernels' process trees, for GPU listings."""
         out: dict[int, str] = {}
         for kernel_id in self.kernel_manager.list_kernel_ids():
             pid = getattr(self.kernel_manager.get_kernel(kernel_id).provisioner, "kernel_pid", None)
-            if pid:
-                try:
-                    out.update({p: kernel_id for p in tree(pid)})
-                except Exception:
-                    pass
+            with contextlib.suppress(psutil.Error, OSError):
+                out.update({p: kernel_id for p in tree(pid)} if pid else {})
         return out
 
-    def forget(self, kernel_id: str, delete_checkpoints: bool) -> None:
-        """The kernel was shut down (or restarted fresh) by the user."""
-        self.states.pop(kernel_id, None)
-        self._kernel_infos.pop(kernel_id, None)
-        if delete_checkpoints:
+    @contextlib.asynccontextmanager
+    async def operation(self, kernel_id: str) -> AsyncIterator[None]:
+        """One suspend, restore, shutdown or restart of a kernel at a time."""
+        lock = self._locks.setdefault(kernel_id, asyncio.Lock())
+        async with lock:
+            yield
+
+    # -- suspend -------------------------------------------------------------------------
+    async def suspend(self, kernel_id: str, reason: str = "manual", engine: str | None = None,
+                      when: str = "now") -> KernelState:
+        """Suspend now, when the running cell finishes (``idle``), or after interrupting it."""
+        self._kernel(kernel_id)
+        if when == "idle":
+            return await self._pend(kernel_id, reason, engine)
+        if when == "interrupt":
+            await self._interrupt(kernel_id)
+        async with self.operation(kernel_id):
+            return await self._suspend_now(kernel_id, reason, engine)
+
+    async def _suspend_now(self, kernel_id: str, reason: str, engine_name: str | None) -> KernelState:
+        km = self._kernel(kernel_id)
+        st = self.lifecycle.get(kernel_id)
+        if st.state not in (RUNNING, PENDING):
+            raise StateError(f"{await self._display_name(kernel_id)} is already {st.state}.",
+                             "It is on disk already." if st.state == SUSPENDED else "Wait until it is running again.")
+        if km.execution_state == "dead" or not await km.is_alive():
+            raise StateError(f"{await self._display_name(kernel_id)} is not running (its process has exited).",
+                             "Restart the kernel.")
+        if await self._busy_after(km, 1.0):
+            raise await self._busy_error(kernel_id)
+        engine, why = choose_engine(self.engines, km, engine_name or self.options.engine)
+        execution_state = km.execution_state
+        self.lifecycle.transition(kernel_id, SUSPENDING, "trimming", error=None, hint=None, engine=engine.name,
+                                  engine_reason=why)
+        self.kernel_manager.hold_messages(kernel_id)
+        detached = False
+
+        async def detach() -> None:
+            nonlocal detached
+            await self.kernel_manager.detach_kernel(kernel_id, execution_state)
+            detached = True
+
+        try:
+            if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
+                raise await self._busy_error(kernel_id)
+            saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu")
+            self._saved[kernel_id] = saved
+            extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why}
+            ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), detach)
+        except BaseException as e:
+            await self._put_back(kernel_id, detached)
+            err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
+            self.lifecycle.transition(kernel_id, RUNNING, "failed", error=err.message, hint=err.hint)
+            raise err from (None if err is e else e)
+        st = self.lifecycle.transition(
+            kernel_id, SUSPENDED, "done", suspended_at=time.time(), checkpoint=ckpt.summary(), gpu=None,
+            kind=_kind(ckpt), lost=ckpt.manifest.get("snapshot", {}).get("lost", []), trim=trim,
+            timings=ckpt.manifest.get("timings", {}), warnings=[])
+        self.kernel_manager.settle_connections(kernel_id)
+        self.log.info("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
+                      ckpt.size >> 20, st.timings.get("total", 0))
+        return st
+
+    async def _put_back(self, kernel_id: str, detached: bool) -> None:
+        """A suspend failed and the kernel runs: reconnect the server and deliver held messages."""
+        if detached:
+            await self.kernel_manager.reattach_kernel(kernel_id)
+        else:
+            await self.kernel_manager.wake_connections(kernel_id)
+
+    async def _busy_after(self, km: Any, seconds: float) -> bool:
+        """Whether the kernel is still busy after ``seconds`` (a completion request passes)."""
+        deadline = time.monotonic() + seconds
+        while km.execution_state == "busy" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return bool(km.execution_state == "busy")
+
+    async def _busy_error(self, kernel_id: str) -> KernelBusyError:
+        return KernelBusyError(f"{await self._display_name(kernel_id)} is running a cell.",
+                               "Suspend it when the cell finishes, or interrupt the cell and suspend.")
+
+    async def _interrupt(self, kernel_id: str) -> None:
+        km = self._kernel(kernel_id)
+        if km.execution_state != "busy":
+            return
+        await self.kernel_manager.interrupt_kernel(kernel_id)
+        if await self._busy_after(km, 10.0):
+            raise KernelBusyError(f"{await self._display_name(kernel_id)} kept running after the interrupt.",
+                                  "Suspend it when the cell finishes, or restart the kernel.")
+
+    async def _pend(self, kernel_id: str, reason: str, engine: str | None) -> KernelState:
+        """Suspend when the running cell finishes: state ``suspend-pending`` until then."""
+        state = self.lifecycle.state_of(kernel_id)
+        if state == PENDING:
+            return self.lifecycle.get(kernel_id)
+        st = self.lifecycle.transition(kernel_id, PENDING, "pending", pending_since=time.time(), error=None, hint=None)
+        self._pending[kernel_id] = asyncio.ensure_future(self._suspend_when_idle(kernel_id, reason, engine))
+        return st
+
+    async def _suspend_when_idle(self, kernel_id: str, reason: str, engine: str | None) -> None:
+        try:
+            km = self._kernel(kernel_id)
+            while km.execution_state == "busy":
+                await asyncio.sleep(0.1)
+            async with self.operation(kernel_id):
+                self._pending.pop(kernel_id, None)
+                if self.lifecycle.state_of(kernel_id) == PENDING:
+                    await self._suspend_now(kernel_id, reason, engine)
+        except GPUCRError as e:
+            self.log.warning("gpucr: the pending suspend of kernel %s failed: %s", kernel_id, e)
+        finally:
+            self._pending.pop(kernel_id, None)
+
+    def cancel_pending(self, kernel_id: str) -> KernelState | None:
+        """Drop a suspend that waits for the cell; the kernel just keeps running."""
+        task = self._pending.pop(kernel_id, None)
+        if task is not None:
+            task.cancel()
+        if self.lifecycle.state_of(kernel_id) != PENDING:
+            return None
+        return self.lifecycle.transition(kernel_id, RUNNING, "cancelled")
+
+    async def _prepare_kernel(self, km: Any, trim: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Save the replies a suspended kernel answers from disk, and have it trim itself.
+        Neither may block a suspend, so failures only log."""
+        client = km.client()
+        client.start_channels()
+        saved: dict[str, Any] = {}
+        report = None
+        try:
+            saved = await kernel_rpc.saved_replies(client)
+            if trim and self.options.trim_before_suspend:
+                report = await kernel_rpc.prepare_suspend(client, timeout=60)
+        except Exception as e:
+            self.log.warning("gpucr: kernel did not answer before the suspend: %s", e)
+        finally:
+            client.stop_channels()
+        return saved, report
+
+    async def _kernel_record(self, kernel_id: str, km: Any, saved: dict[str, Any]) -> dict[str, Any]:
+        """What a later server needs to list the kernel again and answer for it."""
+        sessions = await self.kernel_manager.sessions_of(kernel_id)
+        return {
+            "kernel_id": kernel_id, "kernel_name": km.kernel_name, "connection_info": _jsonable(km.get_connection_info()),
+            "kernel_info": saved.get("kernel_info"), "saved_replies": saved, "sessions": sessions,
+            "cwd": str(getattr(km.provisioner, "cwd", "") or ""),
+            "notebook_path": sessions[0]["path"] if sessions else None,
+            "last_activity": km.last_activity.isoformat() if getattr(km, "last_activity", None) else None,
+        }
+
+    def _progress(self, kernel_id: str) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def report(phase: str, done: int, total: int) -> None:
+            loop.call_soon_threadsafe(self.lifecycle.progress, kernel_id, phase, done, total)
+
+        return report
+
+    # -- resume --------------------------------------------------------------------------
+    async def resume(self, kernel_id: str, gpu: str | None = None) -> KernelState:
+        """Restore a suspended kernel; concurrent callers share one restore."""
+        self._kernel(kernel_id)
+        state = self.lifecycle.state_of(kernel_id)
+        if state == PENDING:
+            return self.cancel_pending(kernel_id) or self.lifecycle.get(kernel_id)
+        if state == SUSPENDING:
+            raise StateError(f"{await self._display_name(kernel_id)} is being suspended.", "Resume it once that finished.")
+        task = self._resumes.get(kernel_id)
+        if task is None:
+            if state == RUNNING:
+                return self.lifecycle.get(kernel_id)
+            task = asyncio.ensure_future(self._resume(kernel_id, gpu or self.options.gpu_placement))
+            self._resumes[kernel_id] = task
+            task.add_done_callback(lambda _t: self._resumes.pop(kernel_id, None))
+        return await asyncio.shield(task)
+
+    async def _resume(self, kernel_id: str, gpu: str) -> KernelState:
+        async with self.operation(kernel_id):
+            km = self._kernel(kernel_id)
+            st = self.lifecycle.get(kernel_id)
+            if st.state != SUSPENDED:
+                return st
+            suspended_at = st.suspended_at or time.time()
+            self.lifecycle.transition(kernel_id, RESTORING, "restoring", error=None, hint=None)
             try:
+                ckpt = self._latest(kernel_id)
+                engine = self.engines[ckpt.manifest.get("engine", "criu")]
+                resumed = await engine.resume(kernel_id, km, ckpt, gpu, self._progress(kernel_id))
+            except BaseException as e:
+                err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
+                self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=err.message, hint=err.hint)
+                raise err from (None if err is e else e)
+            await self.kernel_manager.reattach_kernel(kernel_id)
+            now = time.time()
+            gpu_now = self._gpu_of(kernel_id)
+            st = self.lifecycle.transition(
+                kernel_id, RUNNING, "done", restored_at=now, suspended_for=now - suspended_at, lost=resumed.lost,
+                warnings=resumed.warnings, timings=resumed.timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt))
+            self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
+            return st
+
+    def _latest(self, kernel_id: str) -> Checkpoint:
+        ckpt = self.store.latest(kernel_id)
+        if ckpt is None:
+            raise CheckpointDamagedError(f"The checkpoint of kernel {kernel_id} is missing from {self.store.root}.",
+                                         "Nothing can be restored; shut the kernel down to start a fresh one.")
+        return ckpt
+
+    # -- shutdown, restart and the trash -----------------------------------------------------
+    def shelve(self, kernel_id: str, reason: str) -> None:
+        """The user shut down or restarted a kernel that is on disk: keep its checkpoint in
+        the trash (not when the server stops: then it stays listed for the next start)."""
+        self.lifecycle.forget(kernel_id)
+        self._saved.pop(kernel_id, None)
+        if self.stopping:
+            return
+        trash_id = self.store.trash(kernel_id, reason)
+        self.log.info("gpucr: the saved state of kernel %s is in the trash as %s for %s h (%s)", kernel_id, trash_id,
+                      self.options.trash_hours, reason)
+
+    def discard(self, kernel_id: str) -> None:
+        """A running kernel was shut down: its checkpoints are stale, and hold its memory."""
+        self.lifecycle.forget(kernel_id)
+        self._saved.pop(kernel_id, None)
+        self._locks.pop(kernel_id, None)
+        if self.stopping:
+            return
+        try:
+            self.checkpointer.remove(kernel_id, kill=False)
+        except NotFoundError:
+            pass
+        except GPUCRError as e:
+            self.log.warning("gpucr: the checkpoints of kernel %s were not removed: %s", kernel_id, e)
+
+    def list_trash(self) -> list[dict[str, Any]]:
+        self.store.purge_trash(self.options.trash_hours * 3600)
+        return self.store.list_trash(self.options.trash_hours * 3600)
+
+    async def restore_from_trash(self, trash_id: str) -> KernelState:
+        """List a trashed kernel again, suspended, under its old id."""
+        items = {t["id"]: t for t in self.store.list_trash(self.options.trash_hours * 3600)}
+        item = items.get(trash_id)
+        if item is None:
+            raise NotFoundError(f"Nothing in the trash is called {trash_id!r}.", "List it with GET /api/gpucr/trash.")
+        if item.get("kernel_id") in self.kernel_manager:
+            raise StateError(f"Kernel {item['kernel_id']} runs again under the same id (it was restarted).",
+                             "Shut that kernel down first, then bring the saved state back.")
+        name = self.store.untrash(trash_id)
+        return await self._list_on_disk(name, self._latest(name))
+
+    def delete_trash(self, trash_id: str) -> None:
+        self.store.delete_trash(trash_id)
+
+    async def delete_checkpoint(self, checkpoint_id: str) -> None:
+        """Delete a checkpoint; the last one of a suspended kernel is that kernel, so deleting
+        it shuts the kernel down for good (the UI asks first)."""
+        ckpt = self.store.get(checkpoint_id)
+        kernel_id = ckpt.name
+        if kernel_id in self.kernel_manager and self.lifecycle.is_on_disk(kernel_id):
+            latest = self.store.latest(kernel_id)
+            if latest is not None and latest.id == checkpoint_id:
+                if self.lifecycle.state_of(kernel_id) == RESTORING:
+                    raise StateError(f"Kernel {kernel_id} is being restored from this checkpoint.", "Try again later.")
+                self.stopping, stopping = True, self.stopping  # keep it out of the trash: deleting is the point
+                try:
+                    await self.kernel_manager.shutdown_kernel(kernel_id)
+                finally:
+                    self.stopping = stopping
                 self.checkpointer.remove(kernel_id, kill=False)
-            except GPUCRError:
-                pass
+                return
+        self.store.delete(checkpoint_id)
+
+    # -- server start and stop -----------------------------------------------------------
+    async def relist_at_start(self) -> None:
+        """After a clean stop or a crash of an earlier server with this store: finish what it
+        left half done, then list every kernel of it that is on disk (a kernel it left running
+        goes to disk first), so none is lost."""
+        for name, outcome in (await asyncio.to_thread(self.checkpointer.recover_all)).items():
+            self.log.info("gpucr: recovery of %s: %s", name, outcome.message)
+        for name in self.store.proc_names():
+            if name in self.kernel_manager:
+                continue
+            try:
+                await self._relist(name)
+            except GPUCRError as e:
+                self.log.error("gpucr: kernel %s could not be listed again: %s", name, e)
+        self.store.collect_garbage(set(self.store.proc_names()))
+
+    async def _relist(self, name: str) -> None:
+        rec = self.store.read_proc(name)
+        ckpt = self.store.latest(name)
+        kernel = (ckpt.manifest.get("kernel") if ckpt else None) or {}
+        if not kernel:
+            return  # a `gpucr run` process, or a kernel never suspended: not the server's to list
+        if rec.get("state") == "running" and is_alive(rec.get("pid")):
+            ckpt = await self._put_on_disk(name, ckpt)  # type: ignore[arg-type]
+        await self._list_on_disk(name, ckpt)  # type: ignore[arg-type]
+
+    async def _put_on_disk(self, name: str, ckpt: Checkpoint) -> Checkpoint:
+        """An earlier server died while this kernel ran (restored, or mid-restore)."""
+        m = ckpt.manifest
+        if m.get("engine") != "criu":
+            for pid in reversed(tree(self.store.read_proc(name)["pid"])):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+            self.log.warning("gpucr: kernel %s ran from saved variables when the server died; it is listed with "
+                             "the variables saved at its last suspend", name)
+            return ckpt
+        self.log.warning("gpucr: kernel %s was left running by an earlier server; suspending it to list it again", name)
+        extra = {"kernel": m["kernel"], "engine_reason": m.get("engine_reason")}
+        return await asyncio.to_thread(self.checkpointer.checkpoint, name, False, "recovered", extra)
+
+    async def _list_on_disk(self, name: str, ckpt: Checkpoint) -> KernelState:
+        kernel = ckpt.manifest["kernel"]
+        await self.kernel_manager.list_suspended(kernel)
+        self._saved[name] = kernel.get("saved_replies") or {"kernel_info": kernel.get("kernel_info")}
+        rec = self.store.read_proc(name)
+        st = KernelState(name, state=SUSPENDED, kind=_kind(ckpt), engine=ckpt.manifest.get("engine"),
+                         engine_reason=ckpt.manifest.get("engine_reason"), checkpoint=ckpt.summary(),
+                         suspended_at=rec.get("suspended_at") or ckpt.created, notebook_path=kernel.get("notebook_path"),
+                         lost=ckpt.manifest.get("snapshot", {}).get("lost", []))
+        self.lifecycle.adopt(st)
+        self.log.info("gpucr: kernel %s is suspended on disk (%s); it restores on first use", name, ckpt.id)
+        return st
+
+    async def suspend_all(self, reason: str = "server-stop") -> dict[str, str]:
+        """Suspend every running kernel within the stop budget; return failures by kernel id."""
+        for kernel_id in list(self._pending):
+            self.cancel_pending(kernel_id)
+        running = [k for k in self.kernel_manager.list_kernel_ids() if self.lifecycle.state_of(k) == RUNNING]
+        failures: dict[str, str] = {}
+        sem = asyncio.Semaphore(2)
+
+        async def one(kernel_id: str) -> None:
+            async with sem:
+                try:
+                    await self.suspend(kernel_id, reason=reason)
+                except GPUCRError as e:
+                    failures[kernel_id] = str(e)
+
+        tasks = {k: asyncio.ensure_future(one(k)) for k in running}
+        if tasks:
+            _done, pending = await asyncio.wait(tasks.values(), timeout=self.options.stop_budget)
+            for k, t in tasks.items():
+                if t in pending:
+                    failures[k] = f"not finished within the stop budget of {self.options.stop_budget:.0f} s"
+        return failures
+
+
+def _half_of_disk(store: Store) -> int:
+    """The default store limit: half of the disk it is on, so checkpoints never fill it."""
+    root = store.root
+    while not root.exists():
+        root = root.parent
+    return shutil.disk_usage(root).total // 2
+
+
+def _kind(ckpt: Checkpoint) -> str:
+    return "gpu" if ckpt.manifest.get("gpu", {}).get("used") else "cpu"
 
 
 def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in info.items()}
+

@@ -1,13 +1,23 @@
-"""Kernel websocket connections that survive a suspend and restore the kernel on demand.
+"""Kernel websocket connections that survive a suspend and restore the kernel on intent only.
 
-While its kernel is suspended a connection is *dormant*: the websocket stays open but holds
-no ZeroMQ sockets. ``kernel_info_request`` is answered from the reply cached at suspend time
-(JupyterLab sends one on every connect; answering it must not wake the kernel). Any other
-message is queued and restores the kernel; the queue is then delivered in order, so nothing
-the user sent is dropped. During the restore the connection reports ``busy``: the
-``restarting`` status is avoided on purpose, because JupyterLab answers it by disposing of
-every pending request and reconnecting (services/src/kernel/default.ts), which would lose the
-very cell that asked for the restore.
+:class:`GPUCRWebsocketConnection` implements jupyter_server's connection interface and
+delegates to an ordinary :class:`ZMQChannelsWebsocketConnection` (``_live``) while the kernel
+runs. Around a suspend it goes through three modes:
+
+- *holding* (a suspend began): messages from the client are queued, not sent, so no request
+  reaches a kernel that is about to be frozen; requests already sent are tracked until the
+  kernel's ``idle`` for them went out, and the suspend waits for those (no request without a
+  reply, ever).
+- *dormant* (the kernel is on disk): the ZeroMQ sockets are closed, the websocket stays open.
+  Requests clients send on their own are answered from what was saved (:mod:`.dormant`);
+  requests that need the kernel to compute are queued and restore it.
+- back to *live* (restored, or the suspend failed): a fresh live connection is made and the
+  queue is delivered in order. A failed restore answers each queued request with an error
+  reply naming the reason.
+
+During a restore the client is told ``busy``, never ``restarting``: JupyterLab answers
+``restarting`` by disposing of every pending request (services/src/kernel/default.ts), which
+would drop the very cell that asked for the restore.
 """
 from __future__ import annotations
 
@@ -15,146 +25,240 @@ import asyncio
 import json
 from typing import Any
 
-from jupyter_server.services.kernels.connection.base import deserialize_msg_from_ws_v1, serialize_msg_to_ws_v1
+from jupyter_client.jsonutil import json_default
+from jupyter_server.services.kernels.connection.base import (
+    BaseKernelWebsocketConnection,
+    deserialize_msg_from_ws_v1,
+    serialize_msg_to_ws_v1,
+)
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
-try:
-    from jupyter_client.jsonutil import json_default
-except ImportError:  # older jupyter_client
-    from jupyter_client.jsonutil import date_default as json_default
-
 from ..core.errors import GPUCRError
+from . import dormant
 
 V1 = "v1.kernel.websocket.jupyter.org"
 
 
-class RestoringWebsocketConnection(ZMQChannelsWebsocketConnection):
+class _TrackedChannels(ZMQChannelsWebsocketConnection):
+    """The stock connection, counting the requests the kernel has not finished yet."""
+
+    in_flight: set[str]
+
+    def handle_incoming_message(self, incoming_msg: Any) -> None:
+        parsed = parse_ws_message(incoming_msg, self.subprotocol, self.session)
+        if parsed and parsed[1].get("msg_type", "").endswith("_request"):
+            self.in_flight.add(parsed[1]["msg_id"])
+        super().handle_incoming_message(incoming_msg)
+
+    def handle_outgoing_message(self, stream: Any, outgoing_msg: list[Any]) -> None:
+        if self.in_flight and getattr(stream, "channel", None) == "iopub":
+            self._note_idle(outgoing_msg)
+        super().handle_outgoing_message(stream, outgoing_msg)
+
+    def _note_idle(self, msg_list: list[Any]) -> None:
+        try:
+            _, parts = self.session.feed_identities(msg_list)
+            header = self.session.unpack(parts[1])
+            if header.get("msg_type") != "status":
+                return
+            if self.session.unpack(parts[4]).get("execution_state") == "idle":
+                self.in_flight.discard(self.session.unpack(parts[2]).get("msg_id"))
+        except Exception:  # a malformed message is the stock code's business
+            pass
+
+
+class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     """See the module docstring."""
 
-    #: kernel id -> open connections, so a suspend or restore can put them to sleep or wake them.
-    registry: dict[str, set["RestoringWebsocketConnection"]] = {}
+    _live: _TrackedChannels | None = None
+    _holding = False
+    _waking: asyncio.Task[None] | None = None
+    _closed = False
 
-    _dormant = False
-    _waking: asyncio.Task | None = None
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._queue: list[Any] = []
+        self._in_flight: set[str] = set()
+
+    # -- what the rest of the server sees --------------------------------------------------
+    @property
+    def suspender(self) -> Any:
+        return self.multi_kernel_manager.suspender
 
     @property
-    def gpucr(self) -> Any:
-        return getattr(self.multi_kernel_manager, "gpucr", None)
+    def subprotocol(self) -> str | None:
+        return getattr(self.websocket_handler, "selected_subprotocol", None)
 
-    def _suspended(self) -> bool:
-        return self.gpucr is not None and self.gpucr.is_suspended(self.kernel_id)
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def _on_disk(self) -> bool:
+        return self.multi_kernel_manager.lifecycle.is_on_disk(self.kernel_id)
 
     async def prepare(self) -> None:
-        if not self._suspended():
-            return await super().prepare()
-        await self._register_session()
-        self.session.key = self.kernel_manager.session.key
-        self._dormant = True
+        self.multi_kernel_manager.register_connection(self.kernel_id, self)
+        if self._on_disk():
+            self.session.key = self.kernel_manager.session.key
+            return
+        self._live = self._new_live()
+        await self._live.prepare()
 
     def connect(self) -> Any:
-        self.registry.setdefault(self.kernel_id, set()).add(self)
-        self._queue: list[Any] = []
-        if not self._dormant:
-            return super().connect()
+        if self._live is not None:
+            return self._live.connect()
         self.multi_kernel_manager.notify_connect(self.kernel_id)
-        ZMQChannelsWebsocketConnection._open_sockets.add(self)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
 
     def disconnect(self) -> None:
-        self.registry.get(self.kernel_id, set()).discard(self)
-        if not self._dormant:
-            return super().disconnect()
-        self.multi_kernel_manager.notify_disconnect(self.kernel_id)
-        if self._open_sessions.get(self.session_key) is self.websocket_handler:
-            self._open_sessions.pop(self.session_key)
-        ZMQChannelsWebsocketConnection._open_sockets.discard(self)
-        if not self._close_future.done():
-            self._close_future.set_result(None)
-
-    # -- messages ------------------------------------------------------------------------
-    def handle_incoming_message(self, incoming_msg: Any) -> None:
-        if not self._dormant:
-            return super().handle_incoming_message(incoming_msg)
-        header = self._header_of(incoming_msg)
-        cached = self.gpucr.kernel_info_of(self.kernel_id) if self.gpucr else None
-        if header and header.get("msg_type") == "kernel_info_request" and cached:
-            self._send({"execution_state": "idle"}, "status", "iopub", header)
-            self._send(cached, "kernel_info_reply", "shell", header)
-            return
-        self._queue.append(incoming_msg)
-        if self._waking is None:
-            self._waking = asyncio.ensure_future(self._restore_kernel(header))
-
-    def _header_of(self, ws_msg: Any) -> dict[str, Any] | None:
-        try:
-            if self.subprotocol == V1:
-                _channel, parts = deserialize_msg_from_ws_v1(ws_msg)
-                return self.session.unpack(parts[0])
-            return json.loads(ws_msg).get("header")
-        except Exception:
-            return None
-
-    def _send(self, content: dict[str, Any], msg_type: str, channel: str, parent: dict[str, Any] | None) -> None:
-        msg = self.session.msg(msg_type, content, parent=parent or {})
-        if self.subprotocol == V1:
-            self.write_message(serialize_msg_to_ws_v1(msg, channel, self.session.pack), binary=True)
+        self._closed = True
+        self.multi_kernel_manager.unregister_connection(self.kernel_id, self)
+        if self._live is not None:
+            self._live.disconnect()
+            self._live = None
         else:
-            msg["channel"] = channel
-            self.write_message(json.dumps(msg, default=json_default))
+            self.multi_kernel_manager.notify_disconnect(self.kernel_id)
 
-    async def _restore_kernel(self, header: dict[str, Any] | None) -> None:
-        self._send({"execution_state": "busy"}, "status", "iopub", header)
-        try:
-            await self.gpucr.resume(self.kernel_id)
-        except GPUCRError as e:
-            text = f"gpucr: this kernel could not be restored from disk: {e.message}\n{e.hint}\n"
-            for msg in self._queue:
-                parent = self._header_of(msg)
-                if parent:
-                    self._send({"name": "stderr", "text": text}, "stream", "iopub", parent)
-            self._send({"execution_state": "idle"}, "status", "iopub", header)
-            self._queue.clear()
-            self._waking = None
-            return
-        # reattach_kernel has woken this connection through wake(); make sure of it.
-        await self.wake()
+    def handle_incoming_message(self, incoming_msg: Any) -> None:
+        if self._live is not None and not self._holding:
+            return self._live.handle_incoming_message(incoming_msg)
+        self._queue.append(incoming_msg)
+        if self._live is None and self._waking is None and self._on_disk():
+            self._answer_queue()
 
-    # -- sleep and wake (called by the kernel manager) -------------------------------------
+    def handle_outgoing_message(self, stream: str, outgoing_msg: list[Any]) -> None:
+        if self._live is not None:
+            self._live.handle_outgoing_message(stream, outgoing_msg)
+
+    # -- driven by the kernel manager around a suspend or restore --------------------------
+    def hold(self) -> None:
+        """A suspend begins: queue what the client sends from now on."""
+        self._holding = True
+
     def sleep(self) -> None:
-        """The kernel is being suspended: drop the ZeroMQ sockets, keep the websocket.
+        """The kernel is about to be frozen: close the ZeroMQ sockets, keep the websocket.
 
         The client's last status may be the ``busy`` of the server's own trim request, whose
         ``idle`` will not arrive any more: say ``idle`` so the notebook does not show busy."""
-        if self._dormant:
+        live, self._live = self._live, None
+        self._in_flight.clear()
+        if live is None:
             return
-        self._dormant = True
-        try:
-            self._send({"execution_state": "idle"}, "status", "iopub", None)
-        except Exception:  # the websocket may be closing at the same moment
-            pass
-        self.multi_kernel_manager.remove_restart_callback(self.kernel_id, self.on_kernel_restarted)
-        self.multi_kernel_manager.remove_restart_callback(self.kernel_id, self.on_restart_failed, "dead")
-        for stream in self.channels.values():
-            if stream is not None and not stream.closed():
-                stream.on_recv(None)
-                stream.close()
-        self.channels = {}
+        self._send({"execution_state": "idle"}, "status", "iopub", None)
+        # The dormant connection still counts as a connection; live.disconnect() takes one off.
+        self.multi_kernel_manager.notify_connect(self.kernel_id)
+        live.disconnect()
+
+    def settle(self) -> None:
+        """The suspend is complete: answer or act on what was queued meanwhile."""
+        self._holding = False
+        self._answer_queue()
 
     async def wake(self) -> None:
-        """The kernel runs again: reconnect, then deliver what was queued meanwhile."""
-        if not self._dormant:
+        """The kernel runs (restored, or the suspend failed): connect afresh, deliver the queue."""
+        self._holding = False
+        if self._closed:
             return
-        self._dormant = False
-        self.session.key = self.kernel_manager.session.key
-        self.create_stream()
-        await self.nudge()
-        for stream in self.channels.values():
-            stream.on_recv_stream(self.handle_outgoing_message)
-        self.multi_kernel_manager.add_restart_callback(self.kernel_id, self.on_kernel_restarted)
-        self.multi_kernel_manager.add_restart_callback(self.kernel_id, self.on_restart_failed, "dead")
+        if self._live is None:
+            live = self._new_live()
+            await live.prepare()
+            self.multi_kernel_manager.notify_disconnect(self.kernel_id)  # live.connect() counts itself
+            connected = live.connect()
+            if connected is not None:
+                await connected
+            self._live = live
         queued, self._queue = self._queue, []
         for msg in queued:
-            super().handle_incoming_message(msg)
-        self._waking = None
+            self._live.handle_incoming_message(msg)
+
+    # -- dormant -------------------------------------------------------------------------------
+    def _new_live(self) -> _TrackedChannels:
+        live = _TrackedChannels(parent=self.kernel_manager, websocket_handler=self.websocket_handler, config=self.config)
+        live.session.session = self.session.session
+        live.in_flight = self._in_flight
+        return live
+
+    def _answer_queue(self) -> None:
+        """Answer what a suspended kernel can answer; the first request that needs the kernel
+        restores it, and everything from there on waits for the restore in order."""
+        saved = self.suspender.saved_for(self.kernel_id)
+        restore_on = set(self.suspender.options.restore_on)
+        while self._queue:
+            parsed = parse_ws_message(self._queue[0], self.subprotocol, self.session)
+            if parsed is None:
+                self._queue.pop(0)
+                continue
+            channel, header, content = parsed
+            reply = dormant.answer(header.get("msg_type", ""), channel, content, saved, restore_on)
+            if reply is None:
+                self._waking = asyncio.ensure_future(self._restore(header))
+                return
+            self._queue.pop(0)
+            if reply.msg_type:
+                self._reply(reply, header)
+
+    def _reply(self, reply: dormant.Reply, parent: dict[str, Any]) -> None:
+        if reply.channel == "iopub":
+            self._send(reply.content, reply.msg_type, "iopub", parent)
+            return
+        self._send({"execution_state": "busy"}, "status", "iopub", parent)
+        self._send(reply.content, reply.msg_type, reply.channel, parent)
+        self._send({"execution_state": "idle"}, "status", "iopub", parent)
+
+    async def _restore(self, header: dict[str, Any]) -> None:
+        self._send({"execution_state": "busy"}, "status", "iopub", header)
+        try:
+            await self.suspender.resume(self.kernel_id)
+        except GPUCRError as e:
+            self._fail_queue(e)
+        except Exception as e:  # never leave a cell waiting for a reply
+            self.log.exception("gpucr: restore of kernel %s failed", self.kernel_id)
+            self._fail_queue(GPUCRError(f"Restoring the kernel failed: {e}", "The checkpoint is kept; try again."))
+        else:
+            await self.wake()  # the restore woke every connection already; this one for sure
+        finally:
+            self._waking = None
+
+    def _fail_queue(self, e: GPUCRError) -> None:
+        """Answer every queued request with an error reply that says why."""
+        text = f"The kernel could not be restored from disk: {e.message} {e.hint}".strip()
+        queued, self._queue = self._queue, []
+        for msg in queued:
+            parsed = parse_ws_message(msg, self.subprotocol, self.session)
+            if parsed is None or not parsed[1].get("msg_type", "").endswith("_request"):
+                continue
+            channel, header, _content = parsed
+            self._send({"execution_state": "busy"}, "status", "iopub", header)
+            if header["msg_type"] == "execute_request":
+                self._send({"ename": "RestoreFailed", "evalue": text, "traceback": [f"RestoreFailed: {text}"]},
+                           "error", "iopub", header)
+            reply_type = header["msg_type"][: -len("_request")] + "_reply"
+            self._send(dormant.error_content("RestoreFailed", text), reply_type, channel, header)
+            self._send({"execution_state": "idle"}, "status", "iopub", header)
+
+    def _send(self, content: dict[str, Any], msg_type: str, channel: str, parent: dict[str, Any] | None) -> None:
+        if self._closed:
+            return
+        msg = self.session.msg(msg_type, content, parent=parent or {})
+        try:
+            if self.subprotocol == V1:
+                self.websocket_handler.write_message(serialize_msg_to_ws_v1(msg, channel, self.session.pack), binary=True)
+            else:
+                msg["channel"] = channel
+                self.websocket_handler.write_message(json.dumps(msg, default=json_default))
+        except Exception as e:  # the websocket closed under us; its on_close cleans up
+            self.log.debug("gpucr: could not write to a closing websocket: %s", e)
+
+
+def parse_ws_message(ws_msg: Any, subprotocol: str | None, session: Any) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """(channel, header, content) of a client message in either websocket protocol."""
+    try:
+        if subprotocol == V1:
+            channel, parts = deserialize_msg_from_ws_v1(ws_msg)
+            return channel, session.unpack(parts[0]), session.unpack(parts[3])
+        msg = json.loads(ws_msg)
+        return msg.get("channel") or "shell", msg.get("header") or {}, msg.get("content") or {}
+    except Exception:
+        return None

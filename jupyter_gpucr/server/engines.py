@@ -1,0 +1,188 @@
+"""The two ways a server kernel goes to disk, behind one interface.
+
+- :class:`CriuEngine`: the whole process (CRIU + the CUDA driver's checkpoint API), through the
+  core :class:`~jupyter_gpucr.core.checkpointer.Checkpointer`. Needs the gpucr provisioner and
+  checkpoint privileges.
+- :class:`SnapshotEngine`: the kernel saves its own namespace (``gpucr_hooks``); restoring starts
+  a fresh kernel under the same id and loads it. No privileges; reports what it could not keep.
+
+The service picks one per suspend (:func:`choose_engine`) and never branches on which it got.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.checkpointer import Checkpointer
+from ..core.checksums import digest_tree
+from ..core.errors import EngineError, GPUCRError, PreconditionError
+from ..core.privileges import check_privileges
+from ..core.store import Checkpoint
+from . import kernel_rpc
+from .provisioner import GPUCRProvisioner
+
+Progress = Callable[[str, int, int], None]
+Detach = Callable[[], Awaitable[None]]
+
+SNAPSHOT_PAYLOAD = "snapshot"
+
+
+@dataclass
+class Resumed:
+    """What a restore brought back, and what it could not."""
+
+    timings: dict[str, float]
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+class SuspendEngine(ABC):
+    """Suspend a running kernel to a checkpoint and bring it back from one."""
+
+    name: str
+    #: How the UI and messages call it.
+    label: str
+
+    def __init__(self, checkpointer: Checkpointer) -> None:
+        self.checkpointer = checkpointer
+
+    @abstractmethod
+    def problem(self, km: Any) -> str | None:
+        """Why this engine cannot suspend the kernel behind ``km``; None when it can."""
+
+    @abstractmethod
+    async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
+                      detach: Detach) -> Checkpoint:
+        """Write a complete checkpoint, then stop the kernel process. ``detach`` closes the
+        server's connections to the kernel; the engine calls it when the kernel may no longer
+        talk to the server. On failure the kernel runs (reattached by the caller)."""
+
+    @abstractmethod
+    async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
+        """Bring the kernel back from ``ckpt``; on failure the checkpoint is kept."""
+
+
+class CriuEngine(SuspendEngine):
+    name = "criu"
+    label = "whole process"
+
+    def problem(self, km: Any) -> str | None:
+        if not isinstance(km.provisioner, GPUCRProvisioner):
+            return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
+        try:
+            self.checkpointer.criu  # noqa: B018  # finding the binary is the check
+        except GPUCRError as e:
+            return e.message
+        if os.geteuid() != 0:
+            check = check_privileges()
+            if not check.ok:
+                return f"no checkpoint privileges ({check.detail})"
+        return None
+
+    async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
+                      detach: Detach) -> Checkpoint:
+        await detach()
+        try:
+            ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress)
+        except GPUCRError as e:
+            started = getattr(e, "started", None)
+            if started is not None:  # the dump finished, the commit failed: the process was put back anew
+                km.provisioner.adopt(started)
+            raise
+        km.provisioner.mark_suspended()
+        await km.provisioner.cleanup(restart=True)
+        return ckpt
+
+    async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
+        running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
+        km.provisioner.adopt(running.started)
+        return Resumed(running.timings)
+
+
+class SnapshotEngine(SuspendEngine):
+    name = "snapshot"
+    label = "saved variables"
+
+    def problem(self, km: Any) -> str | None:
+        return None
+
+    async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
+                      detach: Detach) -> Checkpoint:
+        progress("dumping", 0, 0)
+        ckpt = await self._save(km, kernel_id, {**extra, "reason": reason})  # the kernel still runs if this fails
+        await detach()
+        await km.shutdown_kernel(now=False, restart=True)
+        if isinstance(km.provisioner, GPUCRProvisioner):
+            km.provisioner.mark_suspended()
+        self.checkpointer.store.write_proc(kernel_id, {
+            "name": kernel_id, "state": "checkpointed", "engine": self.name, "checkpoint": ckpt.id, "pid": None,
+            "suspended_at": time.time(), "uid": os.getuid()})
+        return ckpt
+
+    async def _save(self, km: Any, kernel_id: str, extra: dict[str, Any]) -> Checkpoint:
+        store = self.checkpointer.store
+        cid, tmp = store.new_checkpoint_dir(kernel_id)
+        t0 = time.perf_counter()
+        try:
+            report = await kernel_rpc.with_client(km, kernel_rpc.save, tmp / SNAPSHOT_PAYLOAD, timeout=3600)
+            t1 = time.perf_counter()
+            files = digest_tree(tmp / SNAPSHOT_PAYLOAD)
+            manifest = {
+                **extra, "name": kernel_id, "created": time.time(), "engine": self.name,
+                "size": sum(f["size"] for f in files.values()), "files": files,
+                "snapshot": {"kept": report.get("kept", []), "lost": report.get("lost", []), "bytes": report.get("bytes")},
+                "gpu": {"used": [], "all": []},
+                "timings": {"save": t1 - t0, "checksum": time.perf_counter() - t1, "total": time.perf_counter() - t0},
+            }
+            ckpt = store.commit_checkpoint(cid, tmp, manifest)
+        except kernel_rpc.SnapshotError as e:
+            store.discard(tmp)
+            raise EngineError(f"The kernel could not save its namespace: {e}", "The kernel keeps running.") from e
+        except BaseException:
+            store.discard(tmp)
+            raise
+        store.apply_retention(kernel_id, self.checkpointer.keep_last, self.checkpointer.max_bytes)
+        return ckpt
+
+    async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
+        t0 = time.perf_counter()
+        progress("verifying", 0, ckpt.size)
+        await asyncio.to_thread(ckpt.verify, SNAPSHOT_PAYLOAD)
+        if isinstance(km.provisioner, GPUCRProvisioner):
+            km.provisioner.suspended = False
+        progress("restoring", 0, ckpt.size)
+        # jupyter_client keeps the first launch's arguments (cwd, env) only in this private
+        # attribute (checked against jupyter_client 8.10); a fresh start must reuse them.
+        await km.start_kernel(**(km._launch_args or {}))
+        device = f"cuda:{gpu}" if str(gpu).isdigit() else None
+        try:
+            report = await kernel_rpc.with_client(km, kernel_rpc.load, ckpt.path / SNAPSHOT_PAYLOAD, device=device,
+                                                  timeout=3600)
+        except kernel_rpc.SnapshotError as e:
+            await km.shutdown_kernel(now=True, restart=True)
+            if isinstance(km.provisioner, GPUCRProvisioner):
+                km.provisioner.mark_suspended()
+            raise EngineError(f"The fresh kernel could not load the saved variables: {e}",
+                              "The checkpoint is kept; retry, or start a fresh kernel.") from e
+        return Resumed({"total": time.perf_counter() - t0}, report.get("lost", []), report.get("warnings", []))
+
+
+def choose_engine(engines: dict[str, SuspendEngine], km: Any, requested: str) -> tuple[SuspendEngine, str]:
+    """The engine for a suspend and why: criu when it can run, else snapshot."""
+    criu, snapshot = engines["criu"], engines["snapshot"]
+    if requested == "snapshot":
+        return snapshot, "requested"
+    problem = criu.problem(km)
+    if requested == "criu":
+        if problem:
+            raise PreconditionError(f"The whole-process engine cannot suspend this kernel: {problem}",
+                                    "Use the snapshot engine (engine: snapshot).")
+        return criu, "requested"
+    if problem:
+        return snapshot, f"whole-process engine unavailable: {problem}"
+    return criu, "whole process (CRIU + CUDA driver) available"

@@ -1,0 +1,165 @@
+"""One state machine per kernel: ``running -> [suspend-pending ->] suspending -> suspended ->
+restoring -> running``, with the failure edges ``suspending -> running`` (the kernel keeps
+running) and ``restoring -> suspended`` (the checkpoint is kept).
+
+:meth:`KernelLifecycle.transition` is the only place a state changes, and every change is
+emitted on jupyter_server's event bus, so the REST API, the events and the UI cannot disagree.
+The kernel state's shape is ``schemas/kernel-state.json``; the event schema is derived from it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from jupyter_events import EventLogger
+from traitlets import Instance
+from traitlets.config import LoggingConfigurable
+
+from ..core.errors import StateError
+
+STATE_SCHEMA_PATH = Path(__file__).parent / "schemas" / "kernel-state.json"
+EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
+PHASES = ["trimming", "gpu-checkpoint", "dumping", "verifying", "done", "restoring", "gpu-restore", "failed",
+          "pending", "cancelled"]
+#: Kernel-state properties that events carry besides kernel_id, state and the progress fields.
+EVENT_FIELDS = ["error", "hint", "notebook_path", "restored_at", "suspended_for", "lost"]
+
+RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
+TRANSITIONS: dict[str, set[str]] = {
+    RUNNING: {PENDING, SUSPENDING},
+    PENDING: {RUNNING, SUSPENDING},
+    SUSPENDING: {RUNNING, SUSPENDED},
+    SUSPENDED: {RESTORING},
+    RESTORING: {RUNNING, SUSPENDED},
+}
+
+
+def state_schema() -> dict[str, Any]:
+    return json.loads(STATE_SCHEMA_PATH.read_text())
+
+
+def event_schema() -> dict[str, Any]:
+    """The event bus schema: the kernel-state properties events carry, plus progress."""
+    props = state_schema()["properties"]
+    return {
+        "$id": EVENT_SCHEMA_ID,
+        "version": "1",
+        "title": "gpucr kernel state",
+        "personal-data": True,
+        "description": "A kernel's suspend/restore state changed, or an operation progressed.",
+        "type": "object",
+        "required": ["kernel_id", "state", "phase"],
+        "properties": {
+            "kernel_id": props["kernel_id"],
+            "state": props["state"],
+            "phase": {"enum": PHASES},
+            "bytes_done": {"type": "integer"},
+            "bytes_total": {"type": "integer"},
+            **{name: props[name] for name in EVENT_FIELDS},
+        },
+    }
+
+
+@dataclass
+class KernelState:
+    """What the REST API reports for one kernel (``schemas/kernel-state.json``)."""
+
+    kernel_id: str
+    state: str = RUNNING
+    kind: str = "cpu"
+    engine: str | None = None
+    engine_reason: str | None = None
+    checkpoint: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
+    notebook_path: str | None = None
+    suspended_at: float | None = None
+    pending_since: float | None = None
+    restored_at: float | None = None
+    suspended_for: float | None = None
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+    hint: str | None = None
+    trim: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_FIELDS = {f.name for f in fields(KernelState)}
+
+
+class KernelLifecycle(LoggingConfigurable):
+    """The states of all kernels of one server; see the module docstring."""
+
+    event_logger = Instance(EventLogger, allow_none=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._states: dict[str, KernelState] = {}
+        if self.event_logger is not None and EVENT_SCHEMA_ID not in self.event_logger.schemas.schema_ids:
+            self.event_logger.register_event_schema(event_schema())
+
+    def get(self, kernel_id: str) -> KernelState:
+        """The kernel's state; a kernel gpucr has not touched yet is running."""
+        return self._states.setdefault(kernel_id, KernelState(kernel_id))
+
+    def state_of(self, kernel_id: str) -> str:
+        st = self._states.get(kernel_id)
+        return st.state if st else RUNNING
+
+    def is_on_disk(self, kernel_id: str) -> bool:
+        """Suspended or being restored: there is no kernel process to talk to."""
+        return self.state_of(kernel_id) in (SUSPENDED, RESTORING)
+
+    def is_suspending(self, kernel_id: str) -> bool:
+        return self.state_of(kernel_id) == SUSPENDING
+
+    def kernel_ids_in(self, state: str) -> list[str]:
+        return [k for k, st in self._states.items() if st.state == state]
+
+    def transition(self, kernel_id: str, to: str, phase: str, **changes: Any) -> KernelState:
+        """Move the kernel to ``to`` (checked against :data:`TRANSITIONS`), apply ``changes`` and
+        emit the event; ``StateError`` when the move is not allowed from the current state."""
+        st = self.get(kernel_id)
+        if to != st.state and to not in TRANSITIONS[st.state]:
+            raise StateError(f"The kernel is {st.state}; it cannot become {to} now.",
+                             "Wait until the current operation finished, then try again.")
+        unknown = set(changes) - _FIELDS
+        if unknown:
+            raise TypeError(f"Unknown kernel state fields: {sorted(unknown)}")
+        st.state = to
+        for name, value in changes.items():
+            setattr(st, name, value)
+        if to == RUNNING:
+            st.suspended_at = st.pending_since = None
+        if to != PENDING:
+            st.pending_since = None
+        self.log.debug("gpucr: kernel %s is %s (%s)", kernel_id, to, phase)
+        self._emit(st, phase)
+        return st
+
+    def progress(self, kernel_id: str, phase: str, done: int = 0, total: int = 0) -> None:
+        """An operation advanced; the state stays."""
+        self._emit(self.get(kernel_id), phase, done, total)
+
+    def adopt(self, st: KernelState) -> None:
+        """Take a state built elsewhere (a kernel listed again at server start)."""
+        self._states[st.kernel_id] = st
+        self._emit(st, "done")
+
+    def forget(self, kernel_id: str) -> None:
+        self._states.pop(kernel_id, None)
+
+    def _emit(self, st: KernelState, phase: str, done: int = 0, total: int = 0) -> None:
+        st.progress = {"phase": phase, "bytes_done": int(done), "bytes_total": int(total)}
+        if self.event_logger is None:
+            return
+        data = {"kernel_id": st.kernel_id, "state": st.state, "phase": phase, "bytes_done": int(done),
+                "bytes_total": int(total)}
+        data.update({name: getattr(st, name) for name in EVENT_FIELDS})
+        self.event_logger.emit(schema_id=EVENT_SCHEMA_ID, data=data)

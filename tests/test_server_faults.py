@@ -1,0 +1,149 @@
+"""Nothing lost under faults (issue 9), with a real server, real kernels and real CRIU: messages
+racing a suspend all get replies, a failed restore answers the waiting cell with the reason,
+a shutdown during a suspend or restore leaves no process behind, and ``kill -9`` of the server at
+any moment of a suspend or a restore leaves every kernel complete on disk and listed by the next
+server (never neither)."""
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import signal
+import time
+
+import psutil
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from .conftest import criu_or_skip
+from .kernel_ws import collect, execute, request, send
+from .test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
+from .test_server_lifecycle import RealServer
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def processes_of(kernel_id: str) -> list[int]:
+    """Processes whose command line names the kernel (its holder, its CRIU, the kernel itself)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if kernel_id in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+            found.append(p.pid)
+    return found
+
+
+async def test_cells_racing_a_suspend_all_get_their_reply(jp_fetch, jp_ws_fetch, jp_serverapp):
+    kid = (await new_session(jp_fetch, "race.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "n = 0")
+    outcomes = []
+    for delay in (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.3):
+        suspend = asyncio.ensure_future(jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}"))
+        await asyncio.sleep(delay)
+        cell = request("n += 1\nprint(n)")
+        await send(ws, cell)
+        reply, out, _ = await collect(ws, cell["header"]["msg_id"], timeout=60)
+        assert reply["content"]["status"] == "ok", (delay, reply["content"])
+        try:
+            await suspend
+            outcomes.append("suspended")
+        except HTTPClientError as e:
+            assert e.code == 409, e.response.body  # the cell got there first: the kernel was busy
+            outcomes.append("refused")
+        assert out == f"{len(outcomes)}\n", (delay, out)  # every cell ran exactly once
+        await execute(ws, "pass")  # a suspended kernel comes back
+    print("racing cells:", outcomes)
+    ws.close()
+
+
+async def test_a_failed_restore_answers_the_waiting_cell(jp_fetch, jp_ws_fetch, jp_serverapp):
+    kid = (await new_session(jp_fetch, "broken.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "x = 1")
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    images = pathlib.Path(st["checkpoint"]["path"], "images")
+    pages = max(images.glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pages.write_bytes(bytes(data))
+    reply, out, statuses = await execute(ws, "print(x)", timeout=60)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RestoreFailed"
+    assert "is damaged" in reply["content"]["evalue"] and "is damaged" in out
+    assert statuses[-1] == "idle"  # the cell is not left at [*]
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert st["state"] == "suspended" and "damaged" in st["error"] and images.is_dir()
+    ws.close()
+
+
+@pytest.mark.parametrize("during", ["suspend", "restore"])
+async def test_shutdown_during_an_operation_leaves_nothing_running(jp_fetch, jp_ws_fetch, jp_serverapp, during):
+    kid = (await new_session(jp_fetch, f"{during}.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "import numpy as np; a = np.ones(30_000_000)")
+    ws.close()
+    if during == "restore":
+        await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    op = asyncio.ensure_future(jp_fetch("api", "gpucr", "kernels", kid, during.replace("restore", "resume"),
+                                        method="POST", body="{}"))
+    await asyncio.sleep(0.2)
+    await jp_fetch("api", "kernels", kid, method="DELETE")
+    await op  # the operation finished before the shutdown acted on its result
+    assert kid not in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
+    for _ in range(50):
+        if not processes_of(kid):
+            break
+        await asyncio.sleep(0.1)
+    assert processes_of(kid) == []
+    trash = await fetch_json(jp_fetch, "api", "gpucr", "trash")
+    assert [t["kernel_id"] for t in trash] == ([kid] if during == "suspend" else [])
+
+
+async def test_kill_9_of_the_server_at_any_moment_loses_no_kernel(tmp_path):
+    """kill -9 of the server at spread points of a suspend and of a restore; the next server
+    lists the kernel (complete on disk) and a cell gets the value back."""
+    criu_or_skip()
+    root, store = tmp_path / "root", tmp_path / "store"
+    root.mkdir()
+    counts = {"listed and restored": 0, "lost": 0}
+    points = [("suspend", d) for d in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 3.0)] + \
+             [("resume", d) for d in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 3.0)]
+    server = RealServer(root, store, tmp_path / "server-0.log")
+    await server.wait_ready()
+    kid = (await server.request("api/sessions", "POST", {"path": "k.ipynb", "type": "notebook", "name": "k.ipynb",
+                                                         "kernel": {"name": "python3"}}))["kernel"]["id"]
+    ws = await server.ws(kid)
+    await execute(ws, "import numpy as np\nx = 42\na = np.arange(5_000_000)")
+    ws.close()
+    for i, (op, delay) in enumerate(points, 1):
+        if op == "resume" and (await server.get(f"api/gpucr/kernels/{kid}"))["state"] != "suspended":
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+        task = asyncio.ensure_future(server.request(f"api/gpucr/kernels/{kid}/{op}", "POST", {}))
+        await asyncio.sleep(delay)
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(10)
+        task.cancel()
+        server = RealServer(root, store, tmp_path / f"server-{i}.log")
+        await server.wait_ready()
+        state = await _listed_state(server, kid)
+        if state is None:
+            counts["lost"] += 1
+            continue
+        ws = await server.ws(kid)
+        _, out, _ = await execute(ws, "print(x, int(a.sum()))", timeout=120)
+        ws.close()
+        assert out == f"42 {sum(range(5_000_000))}\n", (op, delay, state, out)
+        counts["listed and restored"] += 1
+        leftovers = [p.name for p in (store / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
+        assert leftovers == [], (op, delay)
+    server.sigterm()
+    print(f"kill -9 at {len(points)} points: {counts}")
+    assert counts["lost"] == 0, counts
+
+
+async def _listed_state(server: RealServer, kid: str) -> str | None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if kid in [k["id"] for k in await server.get("api/kernels")]:
+            return (await server.get(f"api/gpucr/kernels/{kid}"))["state"]
+        await asyncio.sleep(0.3)
+    return None
+
