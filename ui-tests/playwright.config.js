@@ -30,6 +30,8 @@ module.exports = {
     viewport: { width: 1280, height: 800 },
     // No ffmpeg without a Playwright browser download: no video.
     video: 'off',
+    // A click on something that never comes fails in 30 s, not at the test's timeout.
+    actionTimeout: 30000,
     trace: 'retain-on-failure',
     screenshot: 'only-on-failure',
     launchOptions: {

@@ -6,19 +6,25 @@
  * statusbar.tsx, panel.tsx, kernelindicator.ts and running.ts, the commands
  * in commands.ts, the restart dialog in dialogs.ts.
  *
- * Three plugins: the model (shared), the session dialogs (JupyterLab's,
- * plus what a restart does to a suspended kernel; they replace
- * `@jupyterlab/apputils-extension:sessionDialogs`, disabled in
- * package.json), and the UI.
+ * Four plugins: the model (shared); two that replace JupyterLab's own
+ * (disabled in package.json), for what JupyterLab 4.6 has no extension point
+ * for: the session dialogs (`@jupyterlab/apputils-extension:sessionDialogs`:
+ * a restart of a suspended kernel says where its saved state goes) and the
+ * status bar's kernel status (`@jupyterlab/apputils-extension:kernel-status`:
+ * "Suspended to disk" instead of "Idle"); and the UI.
  */
 import {
+  ILabShell,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import {
   ICommandPalette,
+  IKernelStatusModel,
+  ISessionContext,
   ISessionContextDialogs,
-  IToolbarWidgetRegistry
+  IToolbarWidgetRegistry,
+  KernelStatus
 } from '@jupyterlab/apputils';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import {
@@ -37,6 +43,7 @@ import { Widget } from '@lumino/widgets';
 import { addCommands, currentKernelId, panelForKernel } from './commands';
 import { GpucrSessionDialogs } from './dialogs';
 import { GpucrKernelIndicator } from './kernelindicator';
+import { GpucrKernelStatusModel } from './kernelstatus';
 import { GpucrModel } from './model';
 import { GpucrNotifier } from './notifications';
 import { GpucrPanel } from './panel';
@@ -95,6 +102,84 @@ const dialogsPlugin: JupyterFrontEndPlugin<ISessionContextDialogs> = {
       translator: translator ?? undefined,
       settingRegistry
     })
+};
+
+/**
+ * JupyterLab's kernel status item (as `@jupyterlab/apputils-extension:kernel-status`
+ * makes it), with a model that knows the suspended states.
+ */
+const kernelStatusPlugin: JupyterFrontEndPlugin<IKernelStatusModel> = {
+  id: 'jupyter-gpucr:kernel-status',
+  description:
+    "JupyterLab's kernel status in the status bar, saying when a kernel is suspended to disk.",
+  autoStart: true,
+  requires: [IStatusBar, IGpucrModel],
+  provides: IKernelStatusModel,
+  optional: [ISessionContextDialogs, ITranslator, ILabShell],
+  activate: (
+    app: JupyterFrontEnd,
+    statusBar: IStatusBar,
+    model: GpucrModel,
+    dialogs: ISessionContextDialogs | null,
+    translator: ITranslator | null,
+    labShell: ILabShell | null
+  ) => {
+    const selectKernel = async () => {
+      if (item.model.sessionContext) {
+        await dialogs?.selectKernel(item.model.sessionContext);
+      }
+    };
+    const item = new KernelStatus(
+      {
+        onClick: selectKernel,
+        onKeyDown: async event => {
+          if (['Enter', 'Spacebar', ' '].includes(event.key)) {
+            event.preventDefault();
+            event.stopPropagation();
+            return selectKernel();
+          }
+        }
+      },
+      translator ?? undefined
+    );
+    item.model = new GpucrKernelStatusModel(translator ?? undefined, model);
+    const providers = new Set<(w: Widget | null) => ISessionContext | null>();
+    const onTitle = (title: { label: string }) => {
+      item.model.activityName = title.label;
+    };
+    const onCurrent = (
+      _: unknown,
+      change: { oldValue: Widget | null; newValue: Widget | null }
+    ) => {
+      change.oldValue?.title.changed.disconnect(onTitle);
+      item.model.sessionContext =
+        [...providers].map(p => p(change.newValue)).find(c => c !== null) ??
+        null;
+      if (change.newValue && item.model.sessionContext) {
+        onTitle(change.newValue.title);
+        change.newValue.title.changed.connect(onTitle);
+      }
+    };
+    labShell?.currentChanged.connect(onCurrent);
+    statusBar.registerStatusItem(kernelStatusPlugin.id, {
+      priority: 1,
+      item,
+      align: 'left',
+      rank: 1,
+      isActive: () => item.model.sessionContext !== null
+    });
+    return {
+      addSessionProvider: provider => {
+        providers.add(provider);
+        if (app.shell.currentWidget) {
+          onCurrent(app.shell, {
+            newValue: app.shell.currentWidget,
+            oldValue: null
+          });
+        }
+      }
+    };
+  }
 };
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -307,4 +392,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [modelPlugin, dialogsPlugin, plugin];
+export default [modelPlugin, dialogsPlugin, kernelStatusPlugin, plugin];

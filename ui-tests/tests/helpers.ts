@@ -1,6 +1,7 @@
 /**
  * Helpers shared by the UI tests (all against the real server extension).
  */
+import type { IJupyterLabPageFixture } from '@jupyterlab/galata';
 import type { Locator, Page } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -64,7 +65,7 @@ export async function currentKernelId(page: Page): Promise<string> {
 export function suspendButton(page: Page): Locator {
   return page
     .locator(
-      '.jp-NotebookPanel-toolbar [data-jp-item-name="gpucr-suspend"] :is(button, jp-button)'
+      '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar [data-jp-item-name="gpucr-suspend"] :is(button, jp-button)'
     )
     .first();
 }
@@ -120,4 +121,154 @@ export async function seenStatus(
     const i = entry.indexOf('|');
     return { state: entry.slice(0, i), label: entry.slice(i + 1) };
   });
+}
+
+/**
+ * Append a code cell to the current notebook and return its index. The
+ * source goes into the notebook's model directly: typing it (galata's
+ * addCell) costs seconds per cell on a small machine.
+ */
+export async function appendCell(page: Page, code: string): Promise<number> {
+  return page.evaluate(source => {
+    const model = (window as any).jupyterapp.shell.currentWidget.content.model;
+    model.sharedModel.addCell({ cell_type: 'code', source });
+    return model.cells.length - 1;
+  }, code);
+}
+
+/** The text of every output of the current notebook, cell by cell. */
+export async function outputTexts(page: Page): Promise<string[]> {
+  return page.evaluate(() => {
+    const model = (window as any).jupyterapp.shell.currentWidget.content.model;
+    const texts: string[] = [];
+    for (let i = 0; i < model.cells.length; i++) {
+      const cell = model.cells.get(i);
+      const outputs = cell.type === 'code' ? cell.outputs.toJSON() : [];
+      texts.push(JSON.stringify(outputs));
+    }
+    return texts;
+  });
+}
+
+/**
+ * Run cell `index` of the current notebook with JupyterLab's own command
+ * (works in any page, galata's or not) and wait for its text output.
+ */
+export async function runCellAndWait(
+  page: Page,
+  index: number,
+  timeout = 120000
+): Promise<string> {
+  await page.evaluate(async i => {
+    const app = (window as any).jupyterapp;
+    app.shell.currentWidget.content.activeCellIndex = i;
+    await app.commands.execute('notebook:run-cell');
+  }, index);
+  const handle = await page.waitForFunction(
+    i => {
+      const model = (window as any).jupyterapp.shell.currentWidget.content
+        .model;
+      const outputs = model.cells.get(i).outputs.toJSON();
+      const text = outputs
+        .map((o: any) =>
+          [].concat(o.text ?? o.data?.['text/plain'] ?? o.evalue ?? '').join('')
+        )
+        .join('');
+      return text || null;
+    },
+    index,
+    { timeout, polling: 250 }
+  );
+  return (await handle.jsonValue()) as string;
+}
+
+/** Run code in a new cell of the current notebook and return its text output. */
+export async function runCode(page: Page, code: string): Promise<string> {
+  return runCellAndWait(page, await appendCell(page, code));
+}
+
+/**
+ * That a kernel is suspended for real: the server says `suspended` and no
+ * process of the kernel is left on this machine (the server's /proc).
+ */
+export async function expectSuspended(
+  page: Page,
+  kernelId: string
+): Promise<void> {
+  const state = await serverState(page, kernelId);
+  if (state.state !== 'suspended') {
+    throw new Error(`kernel ${kernelId} is ${state.state}, not suspended`);
+  }
+  const pids = kernelPids(kernelId);
+  if (pids.length) {
+    throw new Error(`kernel ${kernelId} still has processes ${pids}`);
+  }
+}
+
+/** Suspend a kernel through the REST API (when the test is about what follows). */
+export async function suspendByRest(
+  page: Page,
+  kernelId: string
+): Promise<any> {
+  const response = await page.request.post(
+    `/api/gpucr/kernels/${kernelId}/suspend`,
+    { data: {} }
+  );
+  if (response.status() !== 200) {
+    throw new Error(
+      `suspend ${kernelId}: HTTP ${response.status()} ${await response.text()}`
+    );
+  }
+  return response.json();
+}
+
+/**
+ * Create a notebook with one code cell in galata's test directory, open it
+ * with a Python kernel and run the cell; returns the kernel id. (galata's
+ * createNew waits for a kernel selection dialog that JupyterLab shows for
+ * the first new notebook only.)
+ */
+export async function newNotebook(
+  page: IJupyterLabPageFixture,
+  name: string,
+  source: string
+): Promise<string> {
+  const dir = await page.filebrowser.getCurrentDirectory();
+  const path = dir ? `${dir}/${name}` : name;
+  await page.evaluate(
+    async ({ path, source }) => {
+      const app = (window as any).jupyterapp;
+      await app.serviceManager.contents.save(path, {
+        type: 'notebook',
+        format: 'json',
+        content: {
+          cells: [
+            { cell_type: 'code', source, metadata: {}, outputs: [], execution_count: null }
+          ],
+          metadata: {
+            kernelspec: {
+              name: 'python3',
+              display_name: 'Python 3 (ipykernel)',
+              language: 'python'
+            }
+          },
+          nbformat: 4,
+          nbformat_minor: 5
+        }
+      });
+      await app.commands.execute('docmanager:open', {
+        path,
+        kernel: { name: 'python3' }
+      });
+    },
+    { path, source }
+  );
+  await page.waitForFunction(
+    p =>
+      (window as any).jupyterapp.shell.currentWidget?.context?.path === p,
+    path
+  );
+  const kernelId = await currentKernelId(page);
+  await page.notebook.run();
+  return kernelId;
 }

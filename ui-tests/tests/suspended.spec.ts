@@ -1,0 +1,317 @@
+/**
+ * Suspended kernels as JupyterLab shows them, against the real server
+ * extension and real CRIU (this machine has no GPU: kernels run on the CPU):
+ *
+ * - two suspended notebooks stay suspended (server state and no process in
+ *   the server's /proc) through tab switches, the debugger panel, a page
+ *   reload and a new browser; JupyterLab's toolbar kernel indicator and the
+ *   Running sidebar say "suspended"; running a cell in one restores that one
+ *   only, and nothing of gpucr lands in the cell's output;
+ * - Kernel > Shut Down of a suspended kernel asks, the saved state goes to
+ *   the trash, the panel's Restore brings it back with its variables;
+ * - Kernel > Restart of a suspended kernel asks, then a notification says
+ *   the variables are gone.
+ */
+import { expect, test } from '@jupyterlab/galata';
+import type { Page } from '@playwright/test';
+import * as fs from 'fs';
+
+import {
+  currentKernelId,
+  expectSuspended,
+  kernelPids,
+  newNotebook,
+  outputTexts,
+  runCellAndWait,
+  runCode,
+  serverState,
+  shot,
+  suspendButton,
+  suspendByRest
+} from './helpers';
+
+/** Wait until the UI shows the current notebook's kernel as suspended. */
+async function statusSuspended(page: Page): Promise<void> {
+  await expect(page.locator('.jp-gpucr-Status')).toHaveAttribute(
+    'data-state',
+    'suspended',
+    { timeout: 120000 }
+  );
+}
+
+/** The notebook toolbar's kernel indicator of the current notebook. */
+function toolbarIndicator(page: Page) {
+  return page
+    .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-gpucr-KernelIndicator')
+    .first();
+}
+
+/** JupyterLab's own kernel status in the status bar ("Python 3 (ipykernel) | Idle"). */
+function kernelStatusItem(page: Page) {
+  return page.locator('#jp-main-statusbar .jp-StatusBar-TextItem', {
+    hasText: 'Python 3'
+  });
+}
+
+/** Wait until JupyterLab in this page is up and has restored its layout. */
+async function waitForLab(page: Page): Promise<void> {
+  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+  await page.waitForFunction(() =>
+    (window as any).jupyterapp?.commands?.hasCommand('docmanager:open')
+  );
+  await page.evaluate(() => (window as any).jupyterapp.restored);
+}
+
+/** Open a notebook by path with JupyterLab's own command and make it current. */
+async function openNotebook(page: Page, path: string): Promise<string> {
+  await page.evaluate(
+    p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }),
+    path
+  );
+  await page.waitForFunction(
+    p =>
+      (window as any).jupyterapp.shell.currentWidget?.context?.path === p &&
+      !!(window as any).jupyterapp.shell.currentWidget.sessionContext.session
+        ?.kernel,
+    path
+  );
+  return currentKernelId(page);
+}
+
+test.describe('suspended kernels in JupyterLab', () => {
+  test.skip(
+    !fs.existsSync('/proc/self/cmdline'),
+    'needs /proc to check for the kernel process'
+  );
+  // Galata proxies /api/kernels and /api/sessions through routes that parse
+  // every answer as JSON, which breaks shut down (204, empty): talk to the
+  // server directly, and clean up here.
+  test.use({ kernels: null as any, sessions: null as any });
+
+  test.afterEach(async ({ request }) => {
+    for (const session of await (await request.get('/api/sessions')).json()) {
+      await request.delete(`/api/sessions/${session.id}`);
+    }
+    for (const item of await (await request.get('/api/gpucr/trash')).json()) {
+      await request.delete(`/api/gpucr/trash/${item.id}`);
+    }
+  });
+
+  test('two suspended notebooks stay suspended until a cell runs in one', async ({
+    page,
+    browser,
+    baseURL
+  }) => {
+    const one = await newNotebook(page, 'one.ipynb', 'a = 1');
+    const two = await newNotebook(page, 'two.ipynb', 'b = 2');
+    const [pathOne, pathTwo] = [
+      (await serverState(page, one)).notebook_path,
+      (await serverState(page, two)).notebook_path
+    ];
+    expect(pathOne).toMatch(/one\.ipynb$/);
+
+    // Suspend two with the toolbar button, one through the REST API.
+    await suspendButton(page).click();
+    await page
+      .locator('.jp-Dialog')
+      .getByRole('button', { name: 'Suspend' })
+      .click();
+    await statusSuspended(page);
+    await suspendByRest(page, one);
+    const both = async () => {
+      await expectSuspended(page, one);
+      await expectSuspended(page, two);
+    };
+    await both();
+
+    // JupyterLab's kernel indicator in the toolbar, and its status bar item.
+    await expect(toolbarIndicator(page)).toHaveAttribute(
+      'data-gpucr-state',
+      'suspended'
+    );
+    await expect(
+      toolbarIndicator(page).locator('.jp-gpucr-KernelIndicator-badge')
+    ).toHaveAttribute('title', /^Kernel status: Suspended to disk/);
+    await expect(kernelStatusItem(page)).toHaveText(
+      'Python 3 (ipykernel) | Suspended to disk'
+    );
+    await shot(page, 'kernel-status-suspended', page.locator('#jp-main-statusbar'));
+
+    // Tabs back and forth.
+    for (const name of ['one.ipynb', 'two.ipynb', 'one.ipynb']) {
+      await page.notebook.activate(name);
+      await statusSuspended(page);
+      await expect(toolbarIndicator(page)).toHaveAttribute(
+        'data-gpucr-state',
+        'suspended'
+      );
+      await expect(kernelStatusItem(page)).toContainText('Suspended to disk');
+    }
+    await both();
+
+    // The Running sidebar: a section of suspended kernels, and a mark on
+    // them in JupyterLab's Kernels section.
+    await page.sidebar.openTab('jp-running-sessions');
+    const section = page.getByRole('region', {
+      name: 'Suspended Kernels Section'
+    });
+    for (const name of ['one.ipynb', 'two.ipynb']) {
+      const item = section.locator('.jp-gpucr-RunningItem', { hasText: name });
+      await expect(item).toBeVisible();
+      await expect(item).toContainText(/\d+(\.\d)? MiB · (just now|\d+ s ago)/);
+      await expect(item.locator('.jp-RunningSessions-itemLabel')).toHaveAttribute(
+        'title',
+        /Kernel is suspended to disk, no process runs/
+      );
+    }
+    const mark = await page.evaluate(id => {
+      const label = document.querySelector(
+        `.jp-RunningSessions-item.jp-mod-kernel[data-context="${id}"] > .jp-RunningSessions-itemLabel`
+      );
+      return label ? getComputedStyle(label, '::after').content : null;
+    }, one);
+    expect(mark).toMatch(/suspended to disk/);
+    await shot(page, 'running-sidebar-suspended');
+
+    // The debugger panel asks the kernel what it can debug.
+    await page.getByRole('tab', { name: 'Debugger' }).click();
+    await expect(
+      page.getByRole('region', { name: 'Debugger section' })
+    ).toBeVisible();
+    await page.waitForTimeout(2000);
+    await both();
+
+    // Reload the page.
+    await page.evaluate(() => location.reload());
+    await waitForLab(page);
+    await openNotebook(page, pathTwo);
+    await statusSuspended(page);
+    await openNotebook(page, pathOne);
+    await statusSuspended(page);
+    await both();
+
+    // Close the browser page, open a new browser context.
+    await page.close();
+    const context = await browser.newContext({ baseURL });
+    const fresh = await context.newPage();
+    await fresh.goto('/lab');
+    await waitForLab(fresh);
+    expect(await openNotebook(fresh, pathTwo)).toBe(two);
+    expect(await openNotebook(fresh, pathOne)).toBe(one);
+    await statusSuspended(fresh);
+    await both();
+
+    // Run a cell in one: that one comes back, two stays on disk.
+    expect(await runCode(fresh, 'print(a + 1)')).toContain('2');
+    expect((await serverState(fresh, one)).state).toBe('running');
+    expect(kernelPids(one).length).toBeGreaterThan(0);
+    await expectSuspended(fresh, two);
+    await expect(
+      fresh.locator('.Toastify__toast').filter({
+        hasText: /one\.ipynb was restored from disk after \d+ (s|min)/
+      })
+    ).toContainText('(onto the CPU)');
+    const outputs = (await outputTexts(fresh)).join('\n');
+    expect(outputs).not.toMatch(/gpucr|restored from disk/i);
+    await shot(fresh, 'restored-one-of-two');
+    await context.close();
+  });
+
+  test('Kernel > Shut Down of a suspended kernel asks, the trash keeps it, Restore brings it back', async ({
+    page
+  }) => {
+    const name = 'shut.ipynb';
+    await page.notebook.createNew(name);
+    await page.notebook.setCell(0, 'code', 'v = "kept"');
+    await page.notebook.run();
+    const kernelId = await currentKernelId(page);
+    await suspendByRest(page, kernelId);
+    await statusSuspended(page);
+
+    await page.menu.clickMenuItem('Kernel>Shut Down Kernel');
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText('Shut down the suspended kernel?');
+    await expect(dialog).toContainText(
+      new RegExp(
+        `The suspended state of ${name.replace('.', '\\.')} \\(\\d+(\\.\\d)? MiB, saved at \\d\\d:\\d\\d\\) ` +
+          'goes to the trash for 24 h; you can bring it back from the gpucr panel\\.'
+      )
+    );
+    await shot(page, 'shutdown-suspended-dialog');
+    // Cancel changes nothing.
+    await dialog.getByRole('button', { name: 'Cancel' }).click();
+    await expectSuspended(page, kernelId);
+
+    await page.menu.clickMenuItem('Kernel>Shut Down Kernel');
+    await dialog.getByRole('button', { name: 'Shut Down' }).click();
+    await expect(
+      page.locator('.Toastify__toast').filter({ hasText: `${name} was shut down` })
+    ).toContainText('its saved state is in the trash for 24 h');
+    await expect
+      .poll(async () => (await page.request.get(`/api/kernels/${kernelId}`)).status())
+      .toBe(404);
+    const trash = await (await page.request.get('/api/gpucr/trash')).json();
+    expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
+      kernelId,
+      'shutdown'
+    ]);
+
+    // The panel's trash: Restore.
+    await page.evaluate(() =>
+      (window as any).jupyterapp.commands.execute('gpucr:open-panel')
+    );
+    const panel = page.locator('#jp-gpucr-panel');
+    const item = panel.locator(`.jp-gpucr-Trash[data-kernel-id="${kernelId}"]`);
+    await expect(item).toContainText(name);
+    await expect(item).toContainText(/shut down/);
+    await shot(page, 'panel-trash');
+    await item.getByRole('button', { name: 'Restore' }).click();
+    await expect(item).toHaveCount(0);
+    await expect(
+      panel.locator(`.jp-gpucr-Kernel[data-kernel-id="${kernelId}"]`)
+    ).toContainText('Suspended');
+    await expectSuspended(page, kernelId);
+
+    // The notebook has its kernel back; a cell prints the old variable.
+    await page.notebook.activate(name);
+    await expect.poll(() => currentKernelId(page)).toBe(kernelId);
+    expect(await runCode(page, 'print(v)')).toContain('kept');
+  });
+
+  test('Kernel > Restart of a suspended kernel asks, then says the variables are gone', async ({
+    page
+  }) => {
+    const name = 'restart.ipynb';
+    await page.notebook.createNew(name);
+    await page.notebook.setCell(0, 'code', 'r = 5');
+    await page.notebook.run();
+    const kernelId = await currentKernelId(page);
+    await suspendByRest(page, kernelId);
+    await statusSuspended(page);
+
+    await page.menu.clickMenuItem('Kernel>Restart Kernel…');
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText('Restart the suspended kernel?');
+    await expect(dialog).toContainText(
+      `The suspended state of ${name} (`
+    );
+    await expect(dialog).toContainText(
+      'goes to the trash for 24 h; you can bring it back from the gpucr panel. The restarted kernel starts empty'
+    );
+    await dialog.getByRole('button', { name: 'Restart' }).click();
+    await expect(
+      page.locator('.Toastify__toast').filter({
+        hasText: `${name} restarted as a fresh kernel`
+      })
+    ).toContainText('its variables are gone');
+    await expect(
+      page.locator('.Toastify__toast').filter({ hasText: 'restored' })
+    ).toHaveCount(0);
+    expect(await runCode(page, "print('r' in dir())")).toContain('False');
+    const trash = await (await page.request.get('/api/gpucr/trash')).json();
+    expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
+      kernelId,
+      'restart'
+    ]);
+  });
+});
