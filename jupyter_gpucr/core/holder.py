@@ -46,15 +46,17 @@ def _open_stdio(stdout: str, stderr: str) -> None:
         os.dup2(src, dst)
 
 
+class _CannotStart(Exception):
+    """Why the command did not start, in words for the user."""
+
+
 def _chdir(cwd: str | None) -> None:
-    """Say which directory is missing (Python's own error would read like a missing command)."""
     if not cwd:
         return
     try:
         os.chdir(cwd)
-    except OSError as e:
-        print(f"gpucr: cannot use the working directory {cwd!r}: {e.strerror}", file=sys.stderr)
-        os._exit(127)
+    except OSError as e:  # Python's own message would read like a missing command
+        raise _CannotStart(f"cannot use the working directory {cwd!r}: {e.strerror}") from None
 
 
 def _signal_group(leader: int, signum: int) -> None:
@@ -69,22 +71,37 @@ def _signal_group(leader: int, signum: int) -> None:
             pass
 
 
-def _launch(args: argparse.Namespace) -> int:
+def _launch(args: argparse.Namespace) -> tuple[int, str | None]:
+    """Fork and exec the command: its PID, and why it could not start (None once it runs).
+
+    The answer waits for the exec itself through a close-on-exec pipe, so a missing command or
+    working directory is reported as such, never as a process that started and then vanished."""
+    ready, report = os.pipe()  # both close on exec
     pid = os.fork()
     if pid == 0:
+        os.close(ready)
         try:
             os.setsid()
             _open_stdio(args.stdout, args.stderr)
-            os.closerange(3, 65536)
+            os.closerange(3, report)
+            os.closerange(report + 1, 65536)
             _chdir(args.cwd)
             for sig in _FORWARDED:
                 signal.signal(sig, signal.SIG_DFL)
             os.execvp(args.command[0], args.command)
         except BaseException as e:  # noqa: BLE001 - the child must never return into the holder's code
-            why = e.strerror if isinstance(e, OSError) and e.strerror else e
-            print(f"gpucr: cannot start {args.command[0]!r}: {why}", file=sys.stderr)
+            why = str(e) if isinstance(e, _CannotStart) else f"cannot start {args.command[0]!r}: {_reason(e)}"
+            print(f"gpucr: {why}", file=sys.stderr)
+            os.write(report, why.encode())
         os._exit(127)
-    return pid
+    os.close(report)
+    with os.fdopen(ready, "rb") as f:
+        why = f.read().decode(errors="replace")
+    return pid, why or None
+
+
+def _reason(e: BaseException) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else repr(e)
 
 
 def _criu_restore(args: argparse.Namespace) -> int | None:
@@ -146,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, forward)
     if args.mode == "run":
         _reserve_low_pids()
-        main_pid = _launch(args)
+        main_pid, failure = _launch(args)
+        if failure:
+            _write_status(args.status, {"ok": False, "error": failure})
+            return _reap_until_empty(main_pid)
     else:
         restored = _criu_restore(args)
         if restored is None:

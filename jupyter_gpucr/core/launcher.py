@@ -63,7 +63,8 @@ def start_holder(
     detach: bool = False,
     log_path: Path | None = None,
 ) -> Started | None:
-    """Start a holder; return where the workload runs, or None when the holder said it failed."""
+    """Start a holder; return where the workload runs, or None when a restore failed (CRIU's log
+    says why). A command that cannot start, or exits at once, raises EngineError saying why."""
     status_path.unlink(missing_ok=True)
     stderr = _option(holder_args, "--stderr")
     stderr_log = Path(stderr) if stderr else None
@@ -85,6 +86,8 @@ def start_holder(
     status = _await_status(popen, status_path, timeout, log_path, log_start)
     if not status.get("ok"):
         popen.wait(timeout=10)
+        if "error" in status:
+            raise _cannot_start(holder_args, status["error"])
         return None
     ns_pid = int(status["ns_pid"])
     host_pid = _find_workload(popen, ns_pid, time.monotonic() + FIND_GRACE)
@@ -123,6 +126,15 @@ def _find_workload(popen: subprocess.Popen, ns_pid: int, deadline: float) -> int
         time.sleep(0.01)
 
 
+def _cannot_start(holder_args: list[str], why: str) -> EngineError:
+    return EngineError(f"{shlex.join(_command(holder_args))} could not be started: {why}.",
+                       "Check the command and its working directory.")
+
+
+def _command(holder_args: list[str]) -> list[str]:
+    return holder_args[holder_args.index("--") + 1:] if "--" in holder_args else []
+
+
 def _exited_at_start(popen: subprocess.Popen, holder_args: list[str], stderr_log: Path | None, start: int) -> EngineError:
     """Take the namespace down (leftover children included) and say what died and why,
     with what it wrote to stderr during this start."""
@@ -130,8 +142,7 @@ def _exited_at_start(popen: subprocess.Popen, holder_args: list[str], stderr_log
     if code is None:  # its children still run: --kill-child takes the namespace's init, and all inside, down
         popen.kill()
         popen.wait()
-    command = holder_args[holder_args.index("--") + 1:] if "--" in holder_args else []
-    what = shlex.join(command) if holder_args[:1] == ["run"] else "The restored process"
+    what = shlex.join(_command(holder_args)) if holder_args[:1] == ["run"] else "The restored process"
     how = f" with code {code}" if code is not None else ""
     tail = _tail_of(stderr_log, start)
     return EngineError(

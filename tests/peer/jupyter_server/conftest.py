@@ -2,7 +2,7 @@
 ``jupyter_gpucr`` extension (its kernel managers, websocket class and the gpucr provisioner).
 
 The tests override ``jp_server_config`` per module, so the extension is added where every
-server is made, in ``jp_configurable_serverapp``, on top of whatever config the test gave.
+server is made, in ``jp_configurable_serverapp``, on top of whatever config (and argv) the test gave.
 """
 from __future__ import annotations
 
@@ -15,10 +15,26 @@ from traitlets.config import Config
 pytest_plugins = ["jupyter_server.pytest_plugin"]
 
 
+# gpucr refuses to run beside another kernel manager class (it would not see the kernels); tests
+# parametrized over jupyter_server's own manager classes run with gpucr's, a subclass of the async one.
+GPUCR_MANAGER = "jupyter_gpucr.server.kernelmanager.GPUCRMappingKernelManager"
+STOCK_MANAGERS = {
+    f"jupyter_server.services.kernels.kernelmanager.{name}" for name in ("MappingKernelManager", "AsyncMappingKernelManager")
+}
+
+
 def with_gpucr(config: Any) -> Any:
     """``config`` (a dict or Config) with the gpucr extension enabled, changed in place."""
-    config.setdefault("ServerApp", {}).setdefault("jpserver_extensions", {})["jupyter_gpucr"] = True
+    server = config.setdefault("ServerApp", {})
+    server.setdefault("jpserver_extensions", {})["jupyter_gpucr"] = True
+    if server.get("kernel_manager_class") in STOCK_MANAGERS:
+        server["kernel_manager_class"] = GPUCR_MANAGER
     return config
+
+
+def argv_with_gpucr(argv: list[str]) -> list[str]:
+    option = "--ServerApp.kernel_manager_class="
+    return [f"{option}{GPUCR_MANAGER}" if a.startswith(option) and a[len(option):] in STOCK_MANAGERS else a for a in argv]
 
 
 @pytest.fixture
@@ -28,6 +44,8 @@ def jp_configurable_serverapp(jp_configurable_serverapp: Callable[..., Any], jp_
     def make(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("config") is not None:
             kwargs["config"] = with_gpucr(Config(kwargs["config"]))
+        if kwargs.get("argv"):
+            kwargs["argv"] = argv_with_gpucr(kwargs["argv"])
         return jp_configurable_serverapp(*args, **kwargs)
 
     return make
