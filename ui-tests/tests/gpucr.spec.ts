@@ -1,8 +1,9 @@
 /**
  * End to end against the real server extension: a notebook's kernel is
  * suspended with the toolbar button, its process is gone, running a cell
- * brings it back with its variables, and its checkpoint is deleted from the
- * side panel.
+ * brings it back with its variables (and nothing of gpucr in the cell's
+ * output), and its checkpoint, kept on disk after the restore, is deleted
+ * from the side panel.
  */
 import { expect, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
@@ -69,7 +70,8 @@ test.describe('gpucr with the real server extension', () => {
       expect(fs.existsSync(`/proc/${pid}`)).toBe(false);
     }
 
-    // The side panel lists the suspended kernel and its checkpoint.
+    // The side panel lists the suspended kernel, with its checkpoint in the
+    // same row.
     await status.click();
     const panel = page.locator('#jp-gpucr-panel');
     await expect(panel).toBeVisible();
@@ -79,7 +81,7 @@ test.describe('gpucr with the real server extension', () => {
     const item = panel.locator(
       `.jp-gpucr-Checkpoint[data-checkpoint-id="${checkpointId}"]`
     );
-    await expect(item).toContainText(name);
+    await expect(item).toHaveCount(0);
     await shot(page, 'real-panel-suspended');
 
     // Running a cell restores the kernel transparently, variables intact;
@@ -97,6 +99,11 @@ test.describe('gpucr with the real server extension', () => {
         }
       )
       .toContain('42');
+    // The cell prints what it prints, nothing else: the restore is told by
+    // JupyterLab (notification, status bar), never in a cell's output.
+    expect((await page.notebook.getCellTextOutput(printCell))?.join('')).toBe(
+      '42\n'
+    );
     await expect(status).toHaveAttribute('data-state', 'running', {
       timeout: 60000
     });
@@ -113,10 +120,11 @@ test.describe('gpucr with the real server extension', () => {
     ]);
     await shot(page, 'real-restored');
 
-    // The checkpoint stays on disk after the restore; delete it.
-    await expect(item).toBeVisible();
+    // The checkpoint stays on disk after the restore, listed apart from the
+    // kernels; delete it.
+    await expect(item).toContainText(name);
     await item.locator('button.jp-gpucr-delete').click();
-    await expect(dialog).toContainText('Delete checkpoint?');
+    await expect(dialog).toContainText('Delete checkpoint for good?');
     await dialog.getByRole('button', { name: 'Delete' }).click();
     await expect(item).toHaveCount(0);
     const checkpoints = await (

@@ -9,18 +9,20 @@
  * - the side panel with a suspended kernel, Resume from the panel (both its
  *   buttons), variables intact;
  * - a suspend the server refuses (the kernel is busy running a cell: HTTP
- *   409) and its notification, which says why and what to do; interrupting
- *   the cell and Retry then suspends; deleting the checkpoint a kernel is
- *   suspended from shuts that kernel down.
+ *   409): a short warning naming the notebook, gone once the cell ends, with
+ *   "Suspend when this cell finishes" (a pending suspend in the status bar,
+ *   then suspended) and, from the toolbar, "Interrupt and suspend".
  */
 import { expect, test } from '@jupyterlab/galata';
 import type { Page } from '@playwright/test';
 import * as fs from 'fs';
 
 import {
+  appendCell,
   currentKernelId,
   kernelPids,
   recordStatus,
+  runCode,
   seenStatus,
   serverState,
   shot,
@@ -34,36 +36,6 @@ async function storedSettings(page: Page): Promise<Record<string, unknown>> {
   const response = await page.request.get(PLUGIN_SETTINGS);
   expect(response.ok()).toBeTruthy();
   return (await response.json()).settings ?? {};
-}
-
-/**
- * Append a code cell to the current notebook and return its index. The
- * source goes into the notebook's model directly: typing it (galata's
- * addCell) costs seconds per cell on a small machine.
- */
-async function appendCell(page: Page, code: string): Promise<number> {
-  return page.evaluate(source => {
-    const model = (window as any).jupyterapp.shell.currentWidget.content.model;
-    model.sharedModel.addCell({ cell_type: 'code', source });
-    return model.cells.length - 1;
-  }, code);
-}
-
-/** Run a code cell appended to the notebook and return its text output. */
-async function runCode(page: Page, code: string): Promise<string> {
-  const index = await appendCell(page, code);
-  await page.notebook.runCell(index);
-  let text = '';
-  await expect
-    .poll(
-      async () =>
-        (text = ((await page.notebook.getCellTextOutput(index)) ?? []).join(
-          ''
-        )),
-      { timeout: 120000 }
-    )
-    .not.toBe('');
-  return text;
 }
 
 test.describe('suspend UI with the real server extension', () => {
@@ -163,7 +135,7 @@ test.describe('suspend UI with the real server extension', () => {
         page
           .locator('.Toastify__toast')
           .filter({ hasText: `${name} was suspended to disk` })
-      ).toContainText('Its memory is free.');
+      ).toContainText('Run a cell to bring it back.');
       const seen = await seenStatus(page);
       const suspending = seen.filter(s => s.state === 'suspending');
       // The bytes written grew while the image was written.
@@ -178,7 +150,8 @@ test.describe('suspend UI with the real server extension', () => {
       expect(suspended.state).toBe('suspended');
       expect(suspended.checkpoint.size).toBeGreaterThan(1.5e9);
 
-      // The side panel: the suspended kernel, its checkpoint, no GPU.
+      // The side panel: one row for the suspended kernel and its
+      // checkpoint, in plain words; no GPU.
       await status.click();
       const panel = page.locator('#jp-gpucr-panel');
       await expect(panel).toBeVisible();
@@ -187,21 +160,19 @@ test.describe('suspend UI with the real server extension', () => {
       );
       await expect(kernelItem).toContainText(name);
       await expect(kernelItem).toContainText(/Suspended · 1\.\d GiB on disk/);
-      await expect(kernelItem).toContainText('criu');
-      const checkpointItem = panel.locator(
-        `.jp-gpucr-Checkpoint[data-checkpoint-id="${suspended.checkpoint.id}"]`
-      );
-      await expect(checkpointItem).toContainText(name);
-      await expect(checkpointItem).toContainText('kernel suspended');
-      await expect(checkpointItem).toContainText(
-        /1\.\d GiB · criu · CPU only · manual/
-      );
+      await expect(kernelItem).toContainText('whole process · CPU · manual');
+      await expect(kernelItem).not.toContainText(/criu|GPU/);
+      await expect(
+        panel.locator(
+          `.jp-gpucr-Checkpoint[data-checkpoint-id="${suspended.checkpoint.id}"]`
+        )
+      ).toHaveCount(0);
       await expect(panel.locator('.jp-gpucr-Panel-gpus')).toContainText(
         'No GPU visible to the server'
       );
       await expect(
         panel.locator('.jp-gpucr-Panel-doctor summary')
-      ).toContainText('What works here');
+      ).toContainText(/What works on this server: (Everything works|\d+ checks? fails?)/);
       await shot(page, 'panel-suspended');
 
       // Resume from the panel's suspended kernel.
@@ -220,8 +191,8 @@ test.describe('suspend UI with the real server extension', () => {
       await expect(
         page
           .locator('.Toastify__toast')
-          .filter({ hasText: `${name} was restored on the CPU` })
-      ).toContainText('Its variables are back.');
+          .filter({ hasText: `${name} was restored from disk after` })
+      ).toContainText('(onto the CPU).');
       await expect(kernelItem).toHaveCount(0);
       expect(kernelPids(kernelId).length).toBeGreaterThan(0);
       expect((await serverState(page, kernelId)).state).toBe('running');
@@ -244,13 +215,8 @@ test.describe('suspend UI with the real server extension', () => {
       await expect
         .poll(async () => (await storedSettings(page)).confirmSuspend)
         .toBe(false);
-      const second = await serverState(page, kernelId);
-      // Resume from the panel's checkpoint entry this time.
-      await panel
-        .locator(
-          `.jp-gpucr-Checkpoint[data-checkpoint-id="${second.checkpoint.id}"] button.jp-gpucr-resume`
-        )
-        .click();
+      // Resume from the Kernel menu this time.
+      await page.menu.clickMenuItem('Kernel>Resume Kernel');
       await expect(status).toHaveAttribute('data-state', 'running', {
         timeout: 120000
       });
@@ -321,7 +287,7 @@ test.describe('suspend UI with the real server extension', () => {
     // server directly (sessions are still tracked and shut down).
     test.use({ kernels: null as any });
 
-    test('a suspend refused while a cell runs says why and what to do', async ({
+    test('a suspend refused while a cell runs says why and offers to suspend when it finishes', async ({
       page
     }) => {
       const name = 'busy.ipynb';
@@ -331,17 +297,6 @@ test.describe('suspend UI with the real server extension', () => {
       const kernelId = await currentKernelId(page);
       const status = page.locator('.jp-gpucr-Status');
       await expect(status).toHaveAttribute('data-state', 'running');
-
-      // Keep the kernel busy.
-      const sleeping = await appendCell(page, 'import time; time.sleep(30)');
-      await page.notebook.runCell(sleeping, { wait: false });
-      await page.waitForFunction(
-        () =>
-          (window as any).jupyterapp.shell.currentWidget.sessionContext.session
-            .kernel.status === 'busy'
-      );
-
-      // Suspend from the Kernel menu: the server answers 409.
       const responses: { status: number; body: Promise<any> }[] = [];
       page.on('response', response => {
         if (
@@ -353,115 +308,110 @@ test.describe('suspend UI with the real server extension', () => {
           });
         }
       });
-      await page.menu.clickMenuItem('Kernel>Suspend Kernel to Disk');
-      const dialog = page.locator('.jp-Dialog');
-      await dialog.getByRole('button', { name: 'Suspend' }).click();
+      const kernelBusy = () =>
+        page.waitForFunction(
+          () =>
+            (window as any).jupyterapp.shell.currentWidget.sessionContext
+              .session.kernel.status === 'busy'
+        );
+      // A suspend asked for right now, as a script or another tab would:
+      // JupyterLab's own command runs without asking first.
+      const suspendNow = () =>
+        page.evaluate(() =>
+          (window as any).jupyterapp.commands.execute('gpucr:suspend', {
+            when: 'now',
+            confirm: false
+          })
+        );
+      const refusal = page.locator('.Toastify__toast').filter({
+        hasText: `${name} is running a cell, so it was not suspended.`
+      });
 
-      const toast = page
-        .locator('.Toastify__toast')
-        .filter({ hasText: `Suspend of ${name} failed` });
-      await expect(toast).toBeVisible();
-      // Why, and what to do (the toast shows the first 140 characters; the
-      // notification list and the status bar's tooltip have all of it).
-      await expect(toast).toContainText(
-        `Suspend of ${name} failed; the kernel keeps running. ` +
-          `Kernel ${kernelId} is busy running code. Wait for the cell`
-      );
-      await expect(status).toContainText('⚠ suspend failed');
-      await expect(status).toHaveAttribute(
-        'title',
-        new RegExp(
-          `The last suspend failed: Kernel ${kernelId} is busy running code\\.\\n` +
-            'Wait for the cell to finish or interrupt it, then suspend\\.'
-        )
-      );
-      await expect(toast.getByRole('button', { name: 'Retry' })).toBeVisible();
+      // 1. Refused: a short warning that names the notebook and goes away
+      // once the cell has finished.
+      const short = await appendCell(page, 'import time; time.sleep(6)');
+      await page.notebook.runCell(short, { wait: false });
+      await kernelBusy();
+      await suspendNow();
+      await expect(refusal).toBeVisible();
+      await expect(refusal).toHaveClass(/Toastify__toast--warning/);
+      expect(await refusal.textContent()).not.toContain(kernelId);
       await expect(
-        toast.getByRole('button', { name: 'Diagnose' })
+        refusal.getByRole('button', { name: 'Suspend when this cell finishes' })
       ).toBeVisible();
       await expect(
-        toast.getByRole('button', { name: 'Try snapshot' })
-      ).toHaveCount(0);
-      await shot(page, 'suspend-failed');
+        refusal.getByRole('button', { name: 'Interrupt and suspend' })
+      ).toBeVisible();
+      await shot(page, 'suspend-refused-busy');
       expect(responses.map(r => r.status)).toEqual([409]);
-      const refused = await responses[0].body;
-      expect(refused.message).toBe(`Kernel ${kernelId} is busy running code.`);
-      expect(refused.hint).toBe(
-        'Wait for the cell to finish or interrupt it, then suspend.'
-      );
-
-      // Nothing happened to the kernel: it still runs the cell.
+      const body = await responses[0].body;
+      expect(body.error).toBe('KernelBusyError');
+      expect(body.message).toMatch(/\.ipynb” is running a cell\.$/);
+      expect(body.message).not.toContain(kernelId);
+      expect(body.options).toEqual(['idle', 'interrupt']);
       expect((await serverState(page, kernelId)).state).toBe('running');
-      expect(kernelPids(kernelId).length).toBeGreaterThan(0);
+      await expect(refusal).toHaveCount(0, { timeout: 30000 });
+      expect((await serverState(page, kernelId)).state).toBe('running');
 
-      // Do what it says: interrupt the cell, then Retry.
-      await page.menu.clickMenuItem('Kernel>Interrupt Kernel');
-      await expect
-        .poll(async () =>
-          ((await page.notebook.getCellTextOutput(sleeping)) ?? []).join('')
-        )
-        .toContain('KeyboardInterrupt');
-      await page.waitForFunction(
-        () =>
-          (window as any).jupyterapp.shell.currentWidget.sessionContext.session
-            .kernel.status === 'idle'
+      // 2. Refused again; "Suspend when this cell finishes": the status bar
+      // shows the pending suspend with Cancel, and the kernel is suspended
+      // once the cell is done.
+      const long = await appendCell(
+        page,
+        'import time; time.sleep(10); print("slept")'
       );
-      const retry = page
-        .locator('.Toastify__toast')
-        .filter({ hasText: `Suspend of ${name} failed` })
-        .getByRole('button', { name: 'Retry' });
-      if (await retry.count()) {
-        await retry.click();
-      } else {
-        // The toast went away: the same button is in the notification list.
-        await page.locator('.jp-Notification-Status').click();
-        await page
-          .locator('.jp-Notification-Center')
-          .getByRole('button', { name: 'Retry' })
-          .first()
-          .click();
-      }
-      await expect(dialog).toHaveCount(0);
+      await page.notebook.runCell(long, { wait: false });
+      await kernelBusy();
+      await suspendNow();
+      await refusal
+        .getByRole('button', { name: 'Suspend when this cell finishes' })
+        .click();
+      await expect(status).toHaveAttribute('data-state', 'suspend-pending');
+      await expect(status).toContainText('Suspend after this cell');
+      await expect(
+        status.getByRole('button', { name: 'Cancel' })
+      ).toBeVisible();
+      await expect(refusal).toHaveCount(0);
+      expect((await serverState(page, kernelId)).state).toBe(
+        'suspend-pending'
+      );
+      await shot(page, 'statusbar-pending', page.locator('#jp-main-statusbar'));
       await expect(status).toHaveAttribute('data-state', 'suspended', {
-        timeout: 120000
+        timeout: 60000
       });
-      expect(responses.map(r => r.status)).toEqual([409, 200]);
-      const state = await serverState(page, kernelId);
-      expect(state.state).toBe('suspended');
+      expect(
+        ((await page.notebook.getCellTextOutput(long)) ?? []).join('')
+      ).toContain('slept');
+      expect((await serverState(page, kernelId)).state).toBe('suspended');
       expect(kernelPids(kernelId)).toEqual([]);
 
-      // Delete the checkpoint the kernel is suspended from: the UI warns that
-      // the kernel's state is lost, and the server shuts the kernel down.
-      await status.click();
-      const panel = page.locator('#jp-gpucr-panel');
-      const item = panel.locator(
-        `.jp-gpucr-Checkpoint[data-checkpoint-id="${state.checkpoint.id}"]`
-      );
-      await expect(item).toContainText('kernel suspended');
-      await item.locator('button.jp-gpucr-delete').click();
-      await expect(dialog).toContainText('Delete checkpoint?');
-      await expect(dialog).toContainText(
-        "is suspended from this checkpoint: deleting it loses the kernel's state for good"
-      );
-      await dialog.getByRole('button', { name: 'Delete' }).click();
-      await expect(item).toHaveCount(0);
-      await expect(
-        panel.locator(`.jp-gpucr-Kernel[data-kernel-id="${kernelId}"]`)
-      ).toHaveCount(0);
-      await expect(
-        page.locator('.Toastify__toast').filter({ hasText: 'deleted.' })
-      ).toContainText(
-        new RegExp(`Checkpoint of \\S*${name} \\(.*\\) deleted\\.`)
-      );
-      const checkpoints = await (
-        await page.request.get('/api/gpucr/checkpoints')
-      ).json();
-      expect(checkpoints.map((c: any) => c.id)).not.toContain(
-        state.checkpoint.id
-      );
-      expect(
-        (await page.request.get(`/api/kernels/${kernelId}`)).status()
-      ).toBe(404);
+      // 3. From the toolbar while a cell runs: JupyterLab knows the kernel is
+      // busy and asks; "Interrupt and suspend".
+      const endless = await appendCell(page, 'import time; time.sleep(300)');
+      await page.notebook.runCell(endless, { wait: false });
+      await expect(status).toHaveAttribute('data-state', 'running', {
+        timeout: 60000
+      });
+      await kernelBusy();
+      await suspendButton(page).click();
+      const dialog = page.locator('.jp-Dialog');
+      await expect(dialog).toContainText(`${name} is running a cell`);
+      await shot(page, 'suspend-busy-dialog');
+      await dialog
+        .getByRole('button', { name: 'Interrupt and suspend' })
+        .click();
+      await expect(status).toHaveAttribute('data-state', 'suspended', {
+        timeout: 60000
+      });
+      await expect
+        .poll(async () =>
+          ((await page.notebook.getCellTextOutput(endless)) ?? []).join('')
+        )
+        .toContain('KeyboardInterrupt');
+      expect((await serverState(page, kernelId)).state).toBe('suspended');
+      expect(kernelPids(kernelId)).toEqual([]);
+      // The variables survived all of it.
+      expect(await runCode(page, 'print(z)')).toContain('7');
     });
   });
 });
