@@ -243,7 +243,13 @@ export async function newNotebook(
         format: 'json',
         content: {
           cells: [
-            { cell_type: 'code', source, metadata: {}, outputs: [], execution_count: null }
+            {
+              cell_type: 'code',
+              source,
+              metadata: {},
+              outputs: [],
+              execution_count: null
+            }
           ],
           metadata: {
             kernelspec: {
@@ -264,8 +270,7 @@ export async function newNotebook(
     { path, source }
   );
   await page.waitForFunction(
-    p =>
-      (window as any).jupyterapp.shell.currentWidget?.context?.path === p,
+    p => (window as any).jupyterapp.shell.currentWidget?.context?.path === p,
     path
   );
   const kernelId = await currentKernelId(page);

@@ -65,7 +65,10 @@ async function waitForLab(page: Page): Promise<void> {
 /** Open a notebook by path with JupyterLab's own command and make it current. */
 async function openNotebook(page: Page, path: string): Promise<string> {
   await page.evaluate(
-    p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }),
+    p =>
+      (window as any).jupyterapp.commands.execute('docmanager:open', {
+        path: p
+      }),
     path
   );
   await page.waitForFunction(
@@ -135,7 +138,11 @@ test.describe('suspended kernels in JupyterLab', () => {
     await expect(kernelStatusItem(page)).toHaveText(
       'Python 3 (ipykernel) | Suspended to disk'
     );
-    await shot(page, 'kernel-status-suspended', page.locator('#jp-main-statusbar'));
+    await shot(
+      page,
+      'kernel-status-suspended',
+      page.locator('#jp-main-statusbar')
+    );
 
     // Tabs back and forth.
     for (const name of ['one.ipynb', 'two.ipynb', 'one.ipynb']) {
@@ -159,7 +166,9 @@ test.describe('suspended kernels in JupyterLab', () => {
       const item = section.locator('.jp-gpucr-RunningItem', { hasText: name });
       await expect(item).toBeVisible();
       await expect(item).toContainText(/\d+(\.\d)? MiB · (just now|\d+ s ago)/);
-      await expect(item.locator('.jp-RunningSessions-itemLabel')).toHaveAttribute(
+      await expect(
+        item.locator('.jp-RunningSessions-itemLabel')
+      ).toHaveAttribute(
         'title',
         /Kernel is suspended to disk, no process runs/
       );
@@ -245,10 +254,14 @@ test.describe('suspended kernels in JupyterLab', () => {
     await page.menu.clickMenuItem('Kernel>Shut Down Kernel');
     await dialog.getByRole('button', { name: 'Shut Down' }).click();
     await expect(
-      page.locator('.Toastify__toast').filter({ hasText: `${name} was shut down` })
+      page
+        .locator('.Toastify__toast')
+        .filter({ hasText: `${name} was shut down` })
     ).toContainText('its saved state is in the trash for 24 h');
     await expect
-      .poll(async () => (await page.request.get(`/api/kernels/${kernelId}`)).status())
+      .poll(async () =>
+        (await page.request.get(`/api/kernels/${kernelId}`)).status()
+      )
       .toBe(404);
     const trash = await (await page.request.get('/api/gpucr/trash')).json();
     expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
@@ -292,9 +305,7 @@ test.describe('suspended kernels in JupyterLab', () => {
     await page.menu.clickMenuItem('Kernel>Restart Kernel…');
     const dialog = page.locator('.jp-Dialog');
     await expect(dialog).toContainText('Restart the suspended kernel?');
-    await expect(dialog).toContainText(
-      `The suspended state of ${name} (`
-    );
+    await expect(dialog).toContainText(`The suspended state of ${name} (`);
     await expect(dialog).toContainText(
       'goes to the trash for 24 h; you can bring it back from the gpucr panel. The restarted kernel starts empty'
     );
@@ -308,6 +319,14 @@ test.describe('suspended kernels in JupyterLab', () => {
       page.locator('.Toastify__toast').filter({ hasText: 'restored' })
     ).toHaveCount(0);
     expect(await runCode(page, "print('r' in dir())")).toContain('False');
+    // A running kernel's restart is JupyterLab's, as before.
+    await page.menu.clickMenuItem('Kernel>Restart Kernel…');
+    await expect(dialog).toContainText('Restart Kernel?');
+    await dialog
+      .getByRole('button', { name: 'Confirm Kernel Restart' })
+      .click();
+    await expect(dialog).toHaveCount(0);
+    expect(await runCode(page, 'print("fresh")')).toContain('fresh');
     const trash = await (await page.request.get('/api/gpucr/trash')).json();
     expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
       kernelId,

@@ -172,7 +172,9 @@ test.describe('suspend UI with the real server extension', () => {
       );
       await expect(
         panel.locator('.jp-gpucr-Panel-doctor summary')
-      ).toContainText(/What works on this server: (Everything works|\d+ checks? fails?)/);
+      ).toContainText(
+        /What works on this server: (Everything works|\d+ checks? fails?)/
+      );
       await shot(page, 'panel-suspended');
 
       // Resume from the panel's suspended kernel.
@@ -372,9 +374,7 @@ test.describe('suspend UI with the real server extension', () => {
         status.getByRole('button', { name: 'Cancel' })
       ).toBeVisible();
       await expect(refusal).toHaveCount(0);
-      expect((await serverState(page, kernelId)).state).toBe(
-        'suspend-pending'
-      );
+      expect((await serverState(page, kernelId)).state).toBe('suspend-pending');
       await shot(page, 'statusbar-pending', page.locator('#jp-main-statusbar'));
       await expect(status).toHaveAttribute('data-state', 'suspended', {
         timeout: 60000
