@@ -215,11 +215,11 @@ test.describe('suspended kernels in JupyterLab', () => {
     expect((await serverState(fresh, one)).state).toBe('running');
     expect(kernelPids(one).length).toBeGreaterThan(0);
     await expectSuspended(fresh, two);
-    await expect(
-      fresh.locator('.Toastify__toast').filter({
-        hasText: /one\.ipynb was restored from disk after \d+ (s|min)/
-      })
-    ).toContainText('(onto the CPU)');
+    const restored = fresh.locator('.Toastify__toast').filter({
+      hasText: /one\.ipynb was restored from disk after \d+ (s|min)/
+    });
+    await expect(restored).toContainText('(onto the CPU)');
+    await expect(restored).toBeInViewport({ ratio: 1 });
     const outputs = (await outputTexts(fresh)).join('\n');
     expect(outputs).not.toMatch(/gpucr|restored from disk/i);
     await shot(fresh, 'restored-one-of-two');

@@ -344,6 +344,7 @@ test.describe('suspend UI with the real server extension', () => {
       await expect(
         refusal.getByRole('button', { name: 'Interrupt and suspend' })
       ).toBeVisible();
+      await expect(refusal).toBeInViewport({ ratio: 1 });
       await shot(page, 'suspend-refused-busy');
       expect(responses.map(r => r.status)).toEqual([409]);
       const body = await responses[0].body;
