@@ -406,7 +406,9 @@ class Store:
             os.rename(p, entry / "checkpoints" / p.name)
         if proc.is_dir():
             os.rename(proc, entry / "proc")
-        tighten_permissions(entry)  # loggers may have made files readable by others
+        # Checkpoints are made private; the process's own files keep their modes (CRIU checks them
+        # at restore) and stay private through their 0700 directories.
+        tighten_permissions(entry / "checkpoints")
         fsync_path(entry)
         return tid
 

@@ -4,6 +4,7 @@ Configuration lives in :class:`jupyter_gpucr.server.config.GPUCR`."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
@@ -12,6 +13,7 @@ from traitlets.utils.importstring import import_item
 
 from ..core import cuda
 from ..core.errors import GPUCRError
+from .backend import choose_backend
 from .config import GPUCR
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
@@ -40,8 +42,14 @@ class GPUCRApp(ExtensionApp):
         serverapp.config.ServerApp.kernel_manager_class = KM_CLASS
         serverapp.kernel_manager_class = GPUCRMappingKernelManager
         serverapp.kernel_websocket_connection_class = GPUCRWebsocketConnection
-        if GPUCR(parent=serverapp).checkpointable_kernels:
-            serverapp.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER
+        config = GPUCR(parent=serverapp)
+        if config.checkpointable_kernels:
+            backend = choose_backend(config)
+            if backend.kind == "none":  # the gpucr provisioner could not start a kernel here (unshare needs privileges)
+                self.log.warning("gpucr: kernels start the stock way, and only the snapshot engine can suspend them: %s",
+                                 backend.why)
+            else:
+                serverapp.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER
 
     def initialize_settings(self) -> None:
         km = self.serverapp.kernel_manager
@@ -64,12 +72,31 @@ class GPUCRApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.
         asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
+        self.log.info("gpucr: whole-process engine: %s", self.service.backend.why)
+        self._check_stop_budget()
         await self.service.relist_at_start()
         options = self.service.options
         if options.idle_timeout > 0:
             self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
             self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
+
+    def _check_stop_budget(self) -> None:
+        """A spawner kills a server that takes longer to stop than it allows: kernels not on disk by
+        then are lost. JupyterHub does not tell the server its timeout, so the admin does."""
+        options = self.service.options
+        if not options.suspend_on_stop:
+            return
+        limit = options.spawner_stop_timeout
+        if limit and options.stop_budget >= limit:
+            self.log.warning("gpucr: c.GPUCR.stop_budget (%.0f s) does not fit in the spawner's stop timeout (%.0f s): "
+                             "kernels still being suspended when the spawner kills the server are lost. Lower the budget "
+                             "or raise the spawner's timeout (docs/jupyterhub.md).", options.stop_budget, limit)
+        elif not limit and "JUPYTERHUB_API_TOKEN" in os.environ:
+            self.log.warning("gpucr: running under JupyterHub, whose stop timeout this server cannot know (LocalProcessSpawner "
+                             "kills after 15 s by default, KubeSpawner after 1 s); c.GPUCR.stop_budget is %.0f s. Set "
+                             "c.GPUCR.spawner_stop_timeout or $GPUCR_SPAWNER_STOP_TIMEOUT (docs/jupyterhub.md).",
+                             options.stop_budget)
 
     async def _suspend_idle_kernels(self) -> None:
         km = self.serverapp.kernel_manager

@@ -1,8 +1,12 @@
 """Every option of the server extension, as traits: ``c.GPUCR.<name>`` in jupyter_server_config.py."""
 from __future__ import annotations
 
-from traitlets import Bool, Enum, Float, Integer, List, Unicode
+import os
+
+from traitlets import Bool, Enum, Float, Integer, List, Unicode, default
 from traitlets.config import Configurable
+
+from ..daemon.protocol import DEFAULT_SOCKET
 
 
 class GPUCR(Configurable):
@@ -70,8 +74,28 @@ class GPUCR(Configurable):
         help="Ask the kernel (gpucr_hooks) to collect garbage and release cached allocator memory before "
         "suspending, so the image holds live data only.",
     )
+    daemon_socket = Unicode(
+        DEFAULT_SOCKET, config=True,
+        help="Unix socket of the gpucr daemon (gpucr-daemon, root). A server without checkpoint privileges "
+        "(a JupyterHub user's) launches kernels and runs CRIU through it when it answers; else only the snapshot "
+        "engine is available and kernels are launched the stock way. Empty: never use a daemon.",
+    )
+    spawner_stop_timeout = Float(
+        help="Seconds the spawner (JupyterHub) gives this server to stop before it kills it (SIGKILL); 0: unknown. "
+        "JupyterHub does not tell the server, so the admin sets it here or as $GPUCR_SPAWNER_STOP_TIMEOUT "
+        "(c.Spawner.environment). The server warns at start when stop_budget does not fit.",
+    ).tag(config=True)
+
+    @default("spawner_stop_timeout")
+    def _spawner_stop_timeout_default(self) -> float:
+        try:
+            return float(os.environ.get("GPUCR_SPAWNER_STOP_TIMEOUT", "0"))
+        except ValueError:
+            return 0.0
+
     checkpointable_kernels = Bool(
         True, config=True,
         help="Launch kernels through the gpucr provisioner (own PID namespace, own log files) so that "
-        "CRIU can suspend them. Off: only the snapshot engine is available.",
+        "CRIU can suspend them (when this server may run CRIU, or the gpucr daemon answers). Off: only the snapshot "
+        "engine is available.",
     )

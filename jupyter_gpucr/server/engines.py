@@ -74,6 +74,9 @@ class CriuEngine(SuspendEngine):
     def problem(self, km: Any) -> str | None:
         if not isinstance(km.provisioner, GPUCRProvisioner):
             return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
+        daemon = getattr(self.checkpointer, "unavailable_reason", None)  # a DaemonCheckpointer: the daemon runs CRIU
+        if daemon is not None:
+            return daemon()
         try:
             self.checkpointer.criu  # noqa: B018  # finding the binary is the check
         except GPUCRError as e:
@@ -116,7 +119,7 @@ class SnapshotEngine(SuspendEngine):
         progress("dumping", 0, 0)
         ckpt = await self._save(km, kernel_id, {**extra, "reason": reason})  # the kernel still runs if this fails
         await detach()
-        await km.shutdown_kernel(now=False, restart=True)
+        await km.stop_process()
         if isinstance(km.provisioner, GPUCRProvisioner):
             km.provisioner.mark_suspended()
         self.checkpointer.store.write_proc(kernel_id, {
@@ -164,7 +167,7 @@ class SnapshotEngine(SuspendEngine):
             report = await kernel_rpc.with_client(km, kernel_rpc.load, ckpt.path / SNAPSHOT_PAYLOAD, device=device,
                                                   timeout=3600)
         except kernel_rpc.SnapshotError as e:
-            await km.shutdown_kernel(now=True, restart=True)
+            await km.stop_process()
             if isinstance(km.provisioner, GPUCRProvisioner):
                 km.provisioner.mark_suspended()
             raise EngineError(f"The fresh kernel could not load the saved variables: {e}",
@@ -185,4 +188,5 @@ def choose_engine(engines: dict[str, SuspendEngine], km: Any, requested: str) ->
         return criu, "requested"
     if problem:
         return snapshot, f"whole-process engine unavailable: {problem}"
-    return criu, "whole process (CRIU + CUDA driver) available"
+    via = getattr(getattr(criu.checkpointer, "client", None), "socket_path", None)
+    return criu, f"whole process (CRIU + CUDA driver) through the gpucr daemon at {via}" if via else "whole process (CRIU + CUDA driver) available"

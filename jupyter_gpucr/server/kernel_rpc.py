@@ -59,7 +59,8 @@ async def saved_replies(client: Any, timeout: float = 10.0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out["kernel_info"] = (await client.kernel_info(reply=True, timeout=timeout))["content"]
     out["comm_info"] = (await client.comm_info(reply=True, timeout=timeout))["content"]
-    if out["kernel_info"].get("debugger"):
+    info = out["kernel_info"]
+    if info.get("debugger") or "debugger" in info.get("supported_features", []):
         msg = client.session.msg("debug_request", {"type": "request", "seq": 1, "command": "debugInfo"})
         client.control_channel.send(msg)
         deadline = time.monotonic() + timeout

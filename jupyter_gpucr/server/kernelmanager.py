@@ -58,6 +58,11 @@ class GPUCRKernelManager(ServerKernelManager):
             if not restart:
                 self.suspender.discard(self.kernel_id)
 
+    async def stop_process(self) -> None:
+        """Stop the kernel process as the snapshot engine needs it, inside a suspend or restore
+        that already holds the kernel's operation (the user-facing shutdown would wait for it)."""
+        await super().shutdown_kernel(now=False, restart=True)
+
     async def interrupt_kernel(self) -> None:
         if not self.parent.lifecycle.is_on_disk(self.kernel_id):
             await super().interrupt_kernel()
@@ -215,11 +220,12 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         km.provisioner.connection_info = record["connection_info"]
         km.provisioner.cwd = record.get("cwd") or None
         km.provisioner.mark_suspended()
-        # jupyter_client keeps the launch arguments (for restarts) and the readiness future only
+        # jupyter_client keeps the launch arguments (for restarts) and the readiness state only
         # in these private attributes (checked against jupyter_client 8.10).
         km._launch_args = {"cwd": record.get("cwd") or None}
         km._ready = asyncio.get_running_loop().create_future()
         km._ready.set_result(None)
+        km._attempted_start = True  # later calls get a fresh readiness future, as after a start
         km.execution_state = "idle"
         km.last_activity = utcnow()
         km.reason = ""

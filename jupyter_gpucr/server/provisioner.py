@@ -158,6 +158,9 @@ def _kill_namespace(holder: subprocess.Popen) -> None:
     process itself when the init is already gone."""
     if holder.poll() is not None:
         return
+    if not isinstance(holder, subprocess.Popen):  # the gpucr daemon's holder (root): the daemon ends it
+        holder.kill()
+        return
     init = namespace_init(holder.pid)
     try:
         os.kill(init, signal.SIGKILL) if init else holder.kill()

@@ -25,6 +25,7 @@ from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store
 from . import kernel_rpc
 from .config import GPUCR
+from .backend import build_checkpointer, choose_backend
 from .dormant import Saved
 from .engines import CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState
@@ -57,9 +58,9 @@ class KernelSuspender:
         self.kernel_manager = kernel_manager
         self.lifecycle = lifecycle
         store = Store(config.store or None)
-        self.checkpointer = Checkpointer(
-            store, criu_path=config.criu_path or None, keep_last=config.keep_last,
-            max_bytes=config.max_store_bytes or _half_of_disk(store), lock_timeout_ms=config.lock_timeout_ms)
+        self.backend = choose_backend(config)
+        self.checkpointer: Checkpointer = build_checkpointer(config, self.backend, store,
+                                                             config.max_store_bytes or _half_of_disk(store))
         self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer),
                                                                        SnapshotEngine(self.checkpointer))}
         self._saved: dict[str, dict[str, Any]] = {}

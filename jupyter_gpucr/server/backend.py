@@ -1,0 +1,40 @@
+"""Who runs CRIU for this server: the server itself (root or the CRIU capabilities) or, for an
+unprivileged server such as a JupyterHub user's, the gpucr daemon when its socket answers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.checkpointer import Checkpointer
+from ..core.privileges import check_privileges
+from ..core.store import Store
+from ..daemon.client import DaemonCheckpointer, DaemonClient
+from .config import GPUCR
+
+
+@dataclass(frozen=True)
+class Backend:
+    """``kind`` is "local", "daemon" or "none" (only the snapshot engine); ``why`` says why."""
+
+    kind: str
+    why: str
+
+
+def choose_backend(config: GPUCR) -> Backend:
+    privileges = check_privileges()
+    if privileges.ok:
+        return Backend("local", f"this server may run CRIU ({privileges.detail})")
+    if config.daemon_socket:
+        reason = DaemonClient(config.daemon_socket).unavailable_reason()
+        if reason is None:
+            return Backend("daemon", f"through the gpucr daemon at {config.daemon_socket}")
+        return Backend("none", f"no checkpoint privileges ({privileges.detail}) and {reason}")
+    return Backend("none", f"no checkpoint privileges ({privileges.detail}) and no daemon configured (c.GPUCR.daemon_socket)")
+
+
+def build_checkpointer(config: GPUCR, backend: Backend, store: Store, max_bytes: int) -> Any:
+    """A core Checkpointer, or one whose privileged work the daemon does (same verbs)."""
+    if backend.kind == "daemon":
+        return DaemonCheckpointer(store, config.daemon_socket, keep_last=config.keep_last, max_bytes=max_bytes)
+    return Checkpointer(store, criu_path=config.criu_path or None, keep_last=config.keep_last, max_bytes=max_bytes,
+                        lock_timeout_ms=config.lock_timeout_ms)

@@ -1,0 +1,95 @@
+"""The kernel state machine on its own (issue 8): allowed and refused transitions, and every
+change reaching jupyter_server's event bus as a valid event. The real-server tests drive the
+same machine through suspends and restores."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from jupyter_events import EventLogger
+
+from jupyter_gpucr.core.errors import StateError
+from jupyter_gpucr.server.lifecycle import (
+    EVENT_SCHEMA_ID,
+    PENDING,
+    RESTORING,
+    RUNNING,
+    SUSPENDED,
+    SUSPENDING,
+    KernelLifecycle,
+    KernelState,
+    state_schema,
+)
+
+
+@pytest.fixture
+def recorded():
+    events: list[dict] = []
+    logger = EventLogger()
+
+    async def listener(logger, schema_id, data):
+        events.append(dict(data))
+
+    lifecycle = KernelLifecycle(event_logger=logger)
+    logger.add_listener(schema_id=EVENT_SCHEMA_ID, listener=listener)
+    return lifecycle, events
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_a_full_round_trip_emits_each_state(recorded):
+    lifecycle, events = recorded
+    assert lifecycle.get("k").state == RUNNING
+    lifecycle.transition("k", PENDING, "pending", pending_since=1.0)
+    lifecycle.transition("k", SUSPENDING, "trimming")
+    assert lifecycle.get("k").pending_since is None
+    lifecycle.transition("k", SUSPENDED, "done", suspended_at=2.0)
+    assert lifecycle.is_on_disk("k")
+    lifecycle.transition("k", RESTORING, "restoring")
+    assert lifecycle.is_on_disk("k")
+    st = lifecycle.transition("k", RUNNING, "done", restored_at=5.0, suspended_for=3.0)
+    assert st.suspended_at is None and st.restored_at == 5.0
+    await settle()
+    assert [(e["state"], e["phase"]) for e in events] == [
+        (PENDING, "pending"), (SUSPENDING, "trimming"), (SUSPENDED, "done"), (RESTORING, "restoring"), (RUNNING, "done")]
+    assert events[-1]["suspended_for"] == 3.0
+
+
+@pytest.mark.parametrize(("start", "to"), [(RUNNING, SUSPENDED), (RUNNING, RESTORING), (SUSPENDED, SUSPENDING),
+                                           (SUSPENDED, RUNNING), (SUSPENDING, RESTORING), (PENDING, SUSPENDED)])
+async def test_refused_transitions_leave_the_state(recorded, start, to):
+    lifecycle, _events = recorded
+    path = {RUNNING: [], PENDING: [PENDING], SUSPENDING: [SUSPENDING], SUSPENDED: [SUSPENDING, SUSPENDED]}[start]
+    for step in path:
+        lifecycle.transition("k", step, "done")
+    with pytest.raises(StateError) as err:
+        lifecycle.transition("k", to, "done")
+    assert f"it cannot become {to} now" in err.value.message
+    assert lifecycle.state_of("k") == start
+
+
+async def test_failure_edges_keep_the_kernel_or_the_checkpoint(recorded):
+    lifecycle, events = recorded
+    lifecycle.transition("k", SUSPENDING, "trimming")
+    st = lifecycle.transition("k", RUNNING, "failed", error="disk full", hint="free disk")
+    assert (st.state, st.error, st.hint) == (RUNNING, "disk full", "free disk")
+    lifecycle.transition("k", SUSPENDING, "trimming", error=None, hint=None)
+    lifecycle.transition("k", SUSPENDED, "done")
+    lifecycle.transition("k", RESTORING, "restoring")
+    assert lifecycle.transition("k", SUSPENDED, "failed", error="damaged").state == SUSPENDED
+    await settle()
+    assert [e["error"] for e in events if e["phase"] == "failed"] == ["disk full", "damaged"]
+
+
+def test_unknown_fields_are_a_programming_error(recorded):
+    lifecycle, _ = recorded
+    with pytest.raises(TypeError):
+        lifecycle.transition("k", PENDING, "pending", pendingsince=1.0)
+
+
+def test_the_state_matches_its_schema():
+    assert set(KernelState("k").to_dict()) == set(state_schema()["properties"])
+    assert state_schema()["properties"]["state"]["enum"] == [RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING]
