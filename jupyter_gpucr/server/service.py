@@ -24,8 +24,8 @@ from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFo
 from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store
 from . import kernel_rpc
-from .config import GPUCR
 from .backend import build_checkpointer, choose_backend
+from .config import GPUCR
 from .dormant import Saved
 from .engines import CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState

@@ -1,0 +1,249 @@
+"""Client side: a checkpointer whose privileged work the gpucr daemon does.
+
+:class:`DaemonCheckpointer` offers the verbs the server's criu engine and provisioner use from a
+core ``Checkpointer`` (run, checkpoint, restore, recover_all, remove, store), so the server swaps it
+in where it would build a local one. The images stay in the daemon's root-only store; the user's own
+store (``store``) mirrors each daemon checkpoint as a manifest without images, so that listing,
+the trash and relisting after a server restart work on it unchanged. Deleting a mirrored checkpoint
+(directly, by retention, or when its trash entry is purged) deletes the images in the daemon too.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..core.checkpointer import Recovery, Running
+from ..core.errors import EngineError, GPUCRError, NotFoundError
+from ..core.launcher import Started
+from ..core.store import MANIFEST, Checkpoint, Store, make_private_dir, read_json, write_json_atomic
+from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
+
+Progress = Callable[[str, int, int], None]
+CONNECT_TIMEOUT = 5.0
+#: Marks a mirrored manifest: its images are in the daemon's store.
+MIRROR_KEY = "daemon_images"
+
+
+def _no_progress(phase: str, done: int, total: int) -> None:
+    pass
+
+
+class DaemonClient:
+    """One request per connection; progress lines go to ``progress``."""
+
+    def __init__(self, socket_path: str | Path = DEFAULT_SOCKET) -> None:
+        self.socket_path = str(socket_path)
+
+    def call(self, op: str, progress: Progress = _no_progress, timeout: float | None = None, **args: Any) -> Any:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(CONNECT_TIMEOUT)
+            try:
+                sock.connect(self.socket_path)
+            except OSError as e:
+                raise EngineError(f"The gpucr daemon at {self.socket_path} cannot be reached: {e.strerror or e}.",
+                                  "Start it (systemctl start gpucr-daemon) or ask the administrator.") from None
+            sock.settimeout(timeout)
+            sock.sendall(encode({"op": op, "args": args}))
+            with sock.makefile("rb") as f:
+                while True:
+                    msg = read_line(f)
+                    if msg is None:
+                        raise EngineError(f"The gpucr daemon closed the connection during {op!r}.",
+                                          "See the daemon's log (journalctl -u gpucr-daemon).")
+                    if "progress" in msg:
+                        progress(*msg["progress"])
+                        continue
+                    if msg.get("ok"):
+                        return msg.get("result")
+                    raise error_from(msg.get("error") or {})
+        finally:
+            sock.close()
+
+    def unavailable_reason(self) -> str | None:
+        """None when the daemon answers and can run CRIU; else why not."""
+        if not os.path.exists(self.socket_path):
+            return f"no gpucr daemon socket at {self.socket_path}"
+        try:
+            self.call("hello")
+        except GPUCRError as e:
+            return e.message
+        return None
+
+
+class RemoteHolder:
+    """What the provisioner needs of a ``Popen`` for a namespace holder the daemon started (and reaps)."""
+
+    def __init__(self, client: DaemonClient, name: str, pid: int) -> None:
+        self.client, self.name, self.pid = client, name, pid
+        self.returncode: int | None = None
+        try:
+            self._created: float | None = psutil.Process(pid).create_time()
+        except psutil.Error:
+            self._created = None
+
+    def _running(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self._created and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._running():
+            try:
+                code = self.client.call("poll", name=self.name)["returncode"]
+            except GPUCRError:
+                code = None
+            self.returncode = code if code is not None else 0
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"holder {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        """Ends the kernel's whole namespace (the daemon's holder runs as root)."""
+        if self.poll() is None:
+            self.client.call("kill", name=self.name)
+
+
+class DaemonStore(Store):
+    """The user's own store, whose criu checkpoints are manifests mirroring the daemon's store."""
+
+    def __init__(self, root: Path | str | None, client: DaemonClient) -> None:
+        super().__init__(root)
+        self.client = client
+
+    def mirror(self, cid: str, manifest: dict[str, Any]) -> Checkpoint:
+        """Write (or rewrite) the manifest of a daemon checkpoint, without images."""
+        path = make_private_dir(self.checkpoints_root / cid)
+        manifest = {**manifest, MIRROR_KEY: self.client.socket_path}
+        write_json_atomic(path / MANIFEST, manifest)
+        return Checkpoint(cid, path, manifest)
+
+    def forget(self, cid: str) -> None:
+        """Drop a mirrored checkpoint here only (the daemon no longer has it)."""
+        super().delete(cid)
+
+    def delete(self, cid: str) -> None:
+        if _mirrored(self.checkpoints_root / cid):
+            _remove_in_daemon(self.client, cid)
+        super().delete(cid)
+
+    def delete_trash(self, tid: str) -> None:
+        entry = self._trash_entry(tid)
+        for ckpt in (entry / "checkpoints").glob("*"):
+            if _mirrored(ckpt):
+                _remove_in_daemon(self.client, ckpt.name)
+        super().delete_trash(tid)
+
+
+def _mirrored(path: Path) -> bool:
+    return MIRROR_KEY in (read_json(path / MANIFEST) or {})
+
+
+def _remove_in_daemon(client: DaemonClient, cid: str) -> None:
+    try:
+        client.call("remove", target=cid)
+    except NotFoundError:
+        pass
+
+
+class DaemonCheckpointer:
+    """The verbs of a core ``Checkpointer`` the server uses, done by the gpucr daemon."""
+
+    def __init__(self, store: Store | str | Path | None, socket_path: str | Path = DEFAULT_SOCKET, keep_last: int = 1,
+                 max_bytes: int | None = None) -> None:
+        self.client = DaemonClient(socket_path)
+        root = store.root if isinstance(store, Store) else store
+        self.store = DaemonStore(root, self.client)
+        self.keep_last = keep_last
+        self.max_bytes = max_bytes
+
+    def unavailable_reason(self) -> str | None:
+        return self.client.unavailable_reason()
+
+    def run(self, name: str, command: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
+            detach: bool = True) -> Running:
+        """Start ``command`` as this user, in its own namespaces, through the daemon."""
+        env = dict(os.environ if env is None else env)
+        result = self.client.call("run", name=name, command=command, cwd=str(cwd or os.getcwd()), env=env)
+        return self._running(result)
+
+    def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
+                   extra: dict[str, Any] | None = None, progress: Progress = _no_progress) -> Checkpoint:
+        result = self.client.call("checkpoint", progress, name=target, leave_running=leave_running, reason=reason,
+                                  extra=extra or {})
+        ckpt = self.store.mirror(result["id"], result["manifest"])
+        self.store.write_proc(target, result["record"])
+        for cid in set(self.store.checkpoint_ids(target)) - set(result["kept"]):
+            if _mirrored(self.store.checkpoints_root / cid):
+                self.store.forget(cid)  # the daemon's retention deleted it
+        return ckpt
+
+    def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
+                progress: Progress = _no_progress, detach: bool = True) -> Running:
+        result = self.client.call("restore", progress, name=name, gpu=gpu, checkpoint_id=checkpoint_id)
+        return self._running(result, result.get("timings", {}))
+
+    def recover_all(self, wait_s: float = 600.0) -> dict[str, Recovery]:
+        """Recovery runs in the daemon; then this store mirrors what the daemon has (a server killed
+        after a suspend but before writing its mirror loses nothing)."""
+        result = self.client.call("recover_all")
+        self._sync(result)
+        return {name: Recovery(**r) for name, r in result["recovered"].items()}
+
+    def list(self) -> list[dict[str, Any]]:
+        result = self.client.call("list")
+        self._sync(result)
+        return result["status"]
+
+    def remove(self, target: str, kill: bool = False) -> list[str]:
+        try:
+            removed = self.client.call("remove", target=target, kill=kill)["removed"]
+        except NotFoundError:
+            removed = []
+        for cid in self.store.checkpoint_ids(target) if (self.store.procs_root / target).is_dir() else [target]:
+            if (self.store.checkpoints_root / cid).is_dir():
+                self.store.forget(cid)
+        if (self.store.procs_root / target).is_dir():
+            self.store.remove_proc(target)
+        return removed
+
+    def _running(self, result: dict[str, Any], timings: dict[str, float] | None = None) -> Running:
+        name = result["name"]
+        self.store.write_proc(name, result["record"])
+        holder = RemoteHolder(self.client, name, result["holder_pid"])
+        started = Started(holder, result["holder_pid"], result["pid"], result["ns_pid"])  # type: ignore[arg-type]
+        return Running(name, result["pid"], result["ns_pid"], started, result["record"], timings or {})
+
+    def _sync(self, state: dict[str, Any]) -> None:
+        """Mirror the daemon's records and checkpoints; drop mirrors of what it no longer has.
+        Checkpoints in this store's trash stay there."""
+        trashed = {p.name for p in self.store.trash_root.glob("*/checkpoints/*")}
+        theirs = {c["id"]: c["manifest"] for c in state["checkpoints"]}
+        for cid, manifest in theirs.items():
+            if cid not in trashed and not (self.store.checkpoints_root / cid / MANIFEST).exists():
+                self.store.mirror(cid, manifest)
+        for cid in self.store.checkpoint_ids():
+            if cid not in theirs and _mirrored(self.store.checkpoints_root / cid):
+                self.store.forget(cid)
+        trashed_names = {(read_json(p / "trash.json") or {}).get("name") for p in self.store.trash_root.glob("*")}
+        for name, rec in state["procs"].items():
+            local = read_json(self.store.procs_root / name / "run.json") or {}
+            if local.get("engine") == "snapshot":
+                continue  # suspended by the snapshot engine: this store's record is the true one
+            if name not in trashed_names or local:
+                self.store.write_proc(name, rec)

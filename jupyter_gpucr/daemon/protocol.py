@@ -1,0 +1,63 @@
+"""The daemon's wire format: one JSON object per line over a Unix stream socket.
+
+A request is ``{"op": VERB, "args": {...}}``. The daemon answers with any number of progress lines
+``{"progress": [phase, done, total]}`` and then one final line, ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": {"error": CLASS, "message": ..., "hint": ...}}``. Who asks is never part of
+the request: the daemon reads it from the socket (SO_PEERCRED).
+"""
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+from ..core import errors
+from ..core.errors import GPUCRError
+
+DEFAULT_SOCKET = "/run/gpucr/daemon.sock"
+DEFAULT_STATE = "/var/lib/gpucr"
+PROTOCOL_VERSION = 1
+#: A request carries a kernel's environment and record, never images: a bound stops a client from
+#: making the daemon buffer without end.
+MAX_LINE = 4 << 20
+VERBS = ("hello", "run", "checkpoint", "restore", "recover", "recover_all", "list", "remove", "kill", "poll")
+
+
+class ProtocolError(GPUCRError):
+    status = 400
+
+
+def encode(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def read_line(f: Any) -> dict[str, Any] | None:
+    """One message from a socket file; None at end of stream."""
+    line = f.readline(MAX_LINE + 1)
+    if not line:
+        return None
+    if len(line) > MAX_LINE or not line.endswith(b"\n"):
+        raise ProtocolError("The message is too long or truncated.")
+    try:
+        msg = json.loads(line)
+    except ValueError as e:
+        raise ProtocolError(f"The message is not JSON: {e}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("The message is not a JSON object.")
+    return msg
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, as the kernel recorded them at connect."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def error_from(payload: dict[str, Any]) -> GPUCRError:
+    """The client-side exception for an error the daemon sent (same class, message and hint)."""
+    cls = getattr(errors, str(payload.get("error")), None)
+    if not (isinstance(cls, type) and issubclass(cls, GPUCRError)):
+        cls = ProtocolError if payload.get("error") == "ProtocolError" else errors.EngineError
+    return cls(str(payload.get("message", "The gpucr daemon failed.")), str(payload.get("hint", "")))

@@ -1,0 +1,334 @@
+"""The daemon: runs as root, serves one request per connection on a Unix socket.
+
+Authorization comes from the socket, never from the request: SO_PEERCRED gives the peer's uid, and
+each uid has its own store (``STATE/users/UID``, root-owned, 0700), so a user can name only what the
+daemon started or restored for that uid. Before touching a process the daemon also checks that its
+whole tree still runs as that uid inside the namespace the daemon made. The store is root-only on
+purpose: CRIU restores as root whatever credentials an image holds, so images a user could write
+would be a way to root.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pwd
+import secrets
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .._version import __version__
+from ..core.checkpointer import Checkpointer, Running
+from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, StateError
+from ..core.launcher import clean_env
+from ..core.names import validate_name
+from ..core.procs import in_own_pidns, innermost_pid, is_alive, namespace_init, tree, wait_gone
+from ..core.store import Store, make_private_dir, write_json_atomic
+from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, encode, peer_credentials, read_line
+
+log = logging.getLogger("gpucr-daemon")
+DROPEXEC = Path(__file__).with_name("dropexec.py")
+#: What the root processes of a launch (unshare, the holder) see; the user's own environment is
+#: applied only after the privileges are dropped (dropexec).
+ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is asking, from the socket."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @property
+    def user(self) -> str:
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return str(self.uid)
+
+
+class Daemon:
+    """The verbs, each for one peer; see the module docstring."""
+
+    def __init__(self, state_dir: Path, criu_path: str | None = None, keep_last: int = 1) -> None:
+        self.state_dir = state_dir
+        self.criu_path = criu_path
+        self.keep_last = keep_last
+        self._holders: dict[tuple[int, str], subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    def checkpointer(self, peer: Peer) -> Checkpointer:
+        users = make_private_dir(make_private_dir(self.state_dir) / "users")
+        return Checkpointer(Store(make_private_dir(users / str(peer.uid))), criu_path=self.criu_path, keep_last=self.keep_last)
+
+    def dispatch(self, peer: Peer, op: str, args: dict[str, Any], progress: Progress) -> Any:
+        if op not in VERBS:
+            raise ProtocolError(f"Unknown request {op!r}.", f"The daemon knows: {', '.join(VERBS)}.")
+        method = getattr(self, f"op_{op}")
+        try:
+            return method(peer, progress=progress, **args) if op in ("checkpoint", "restore") else method(peer, **args)
+        except TypeError as e:
+            raise ProtocolError(f"Bad arguments for {op!r}: {e}") from None
+
+    # -- verbs ---------------------------------------------------------------------------
+    def op_hello(self, peer: Peer) -> dict[str, Any]:
+        cr = self.checkpointer(peer)
+        try:
+            criu = f"CRIU {cr.criu.version_string} at {cr.criu.path}"
+        except GPUCRError as e:
+            raise EngineError(f"The gpucr daemon cannot run CRIU: {e.message}", e.hint) from None
+        return {"protocol": PROTOCOL_VERSION, "version": __version__, "uid": peer.uid, "user": peer.user, "criu": criu}
+
+    def op_run(self, peer: Peer, name: str, command: list[str], cwd: str, env: dict[str, str]) -> dict[str, Any]:
+        _name(name)
+        if not (command and all(isinstance(a, str) for a in command)):
+            raise ProtocolError("The command must be a non-empty list of strings.")
+        if not (isinstance(cwd, str) and cwd.startswith("/")) or not _str_dict(env):
+            raise ProtocolError("cwd must be an absolute path and env a mapping of strings.")
+        cr = self.checkpointer(peer)
+        env_file = cr.store.proc_dir(name) / f".env-{secrets.token_hex(8)}"
+        write_json_atomic(env_file, clean_env(env))
+        wrapped = [sys.executable, "-I", "-S", str(DROPEXEC), f"--uid={peer.uid}", f"--env-file={env_file}", f"--cwd={cwd}",
+                   "--", *command]
+        try:
+            running = cr.run(name, wrapped, cwd="/", env=ROOT_ENV, detach=True)
+        finally:
+            env_file.unlink(missing_ok=True)
+        running.record.update(command=command, cwd=cwd, uid=peer.uid, user=peer.user, via="daemon")
+        cr.store.write_proc(name, running.record)
+        return self._adopt(peer, running)
+
+    def op_checkpoint(self, peer: Peer, name: str, progress: Progress, leave_running: bool = False, reason: str = "manual",
+                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        cr = self.checkpointer(peer)
+        rec = cr.store.read_proc(_name(name))
+        if rec.get("state") == "running" and is_alive(rec.get("pid")):
+            _check_owner(rec, peer)
+        extra = {**(extra if isinstance(extra, dict) else {}), "owner": {"uid": peer.uid, "user": peer.user}}
+        ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress)
+        return {"id": ckpt.id, "manifest": ckpt.manifest, "kept": cr.store.checkpoint_ids(name), "record": cr.store.read_proc(name)}
+
+    def op_restore(self, peer: Peer, name: str, progress: Progress, checkpoint_id: str | None = None,
+                   gpu: str | int | None = "auto") -> dict[str, Any]:
+        cr = self.checkpointer(peer)
+        _name(name)
+        ckpt = cr.store.get(checkpoint_id) if checkpoint_id else cr.store.latest(name)
+        if ckpt is None or ckpt.name != name:
+            raise NotFoundError(f"{name!r} has no checkpoint {checkpoint_id or ''}".strip() + ".", "List them with 'gpucr ls'.")
+        if (ckpt.manifest.get("owner") or {}).get("uid") != peer.uid:
+            raise StateError(f"Checkpoint {ckpt.id} was not made for uid {peer.uid}.")
+        running = cr.restore(name, gpu, ckpt.id, progress, True)
+        try:
+            _check_owner(running.record, peer)
+        except GPUCRError:
+            _kill_tree(running.pid)
+            raise
+        return {**self._adopt(peer, running), "timings": running.timings}
+
+    def op_recover(self, peer: Peer, name: str) -> dict[str, Any]:
+        cr = self.checkpointer(peer)
+        return {"recovered": {name: cr.recover(_name(name)).to_dict()}, **_state(cr)}
+
+    def op_recover_all(self, peer: Peer) -> dict[str, Any]:
+        cr = self.checkpointer(peer)
+        return {"recovered": {n: r.to_dict() for n, r in cr.recover_all().items()}, **_state(cr)}
+
+    def op_list(self, peer: Peer) -> dict[str, Any]:
+        cr = self.checkpointer(peer)
+        return {"status": cr.list(), **_state(cr)}
+
+    def op_remove(self, peer: Peer, target: str, kill: bool = False) -> dict[str, Any]:
+        cr = self.checkpointer(peer)
+        _name(target)
+        if (cr.store.checkpoints_root / target).is_dir() and not (cr.store.procs_root / target).is_dir():
+            name = cr.store.get(target).name
+            cr.store.delete(target)
+            rec = cr.store.read_proc(name) if (cr.store.procs_root / name / "run.json").exists() else None
+            if rec is not None and not cr.store.checkpoint_ids(name) and not is_alive(rec.get("pid")):
+                cr.store.remove_proc(name)
+            return {"removed": [target]}
+        rec = cr.store.read_proc(target)
+        if kill and is_alive(rec.get("pid")):
+            _check_owner(rec, peer)
+        return {"removed": cr.remove(target, kill=bool(kill))}
+
+    def op_kill(self, peer: Peer, name: str) -> dict[str, Any]:
+        """End the whole namespace of a process the daemon started for this user."""
+        cr = self.checkpointer(peer)
+        rec = cr.store.read_proc(_name(name))
+        holder = self._holders.get((peer.uid, name))
+        pid = rec.get("pid") if rec.get("state") == "running" and is_alive(rec.get("pid")) else None
+        if pid is None:
+            return {"killed": False}
+        _check_owner(rec, peer)
+        init = namespace_init(holder.pid) if holder and holder.poll() is None else psutil.Process(pid).ppid()
+        os.kill(init if init and innermost_pid(init) == 1 else pid, signal.SIGKILL)
+        wait_gone(pid, 10)
+        return {"killed": True}
+
+    def op_poll(self, peer: Peer, name: str) -> dict[str, Any]:
+        holder = self._holders.get((peer.uid, _name(name)))
+        return {"returncode": holder.poll() if holder else None}
+
+    def _adopt(self, peer: Peer, running: Running) -> dict[str, Any]:
+        """Remember the holder (for kill and exit codes) and reap it when it exits."""
+        assert running.started is not None
+        popen = running.started.popen
+        with self._lock:
+            self._holders[(peer.uid, running.name)] = popen
+        threading.Thread(target=popen.wait, daemon=True, name=f"reap-{popen.pid}").start()
+        return {"name": running.name, "pid": running.pid, "ns_pid": running.ns_pid, "holder_pid": running.started.holder_pid,
+                "record": running.record}
+
+
+def _name(name: Any) -> str:
+    """A process name of this user's store; digits alone would be read as a host PID by the core."""
+    validate_name(name)
+    if name.isdigit():
+        raise InvalidNameError(f"Invalid name {name!r}: the daemon takes names, not PIDs.")
+    return name
+
+
+def _str_dict(d: Any) -> bool:
+    return isinstance(d, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
+
+
+def _check_owner(rec: dict[str, Any], peer: Peer) -> None:
+    """The recorded process still is the one the daemon started (same PID inside its own namespace)
+    and every process of its tree runs as the peer."""
+    pid = rec.get("pid")
+    if not (pid and in_own_pidns(pid) and innermost_pid(pid) == rec.get("ns_pid")):
+        raise StateError(f"{rec.get('name')!r} is not the process the gpucr daemon started.")
+    for p in tree(pid):
+        try:
+            uids = psutil.Process(p).uids()
+        except psutil.NoSuchProcess:
+            continue
+        if {uids.real, uids.effective, uids.saved} != {peer.uid}:
+            raise StateError(f"Process {p} of {rec.get('name')!r} does not run as uid {peer.uid}.",
+                             "The daemon acts only on processes of the user who asks.")
+
+
+def _kill_tree(pid: int) -> None:
+    for p in reversed(tree(pid)):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _state(cr: Checkpointer) -> dict[str, Any]:
+    """Every record and complete checkpoint of one user's store, for the client's mirror."""
+    procs = {n: cr.store.read_proc(n) for n in cr.store.proc_names()}
+    return {"procs": procs, "checkpoints": [{"id": c.id, "manifest": c.manifest} for c in cr.store.list_checkpoints()]}
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        pid, uid, gid = peer_credentials(self.request)
+        peer = Peer(pid, uid, gid)
+        write_lock = threading.Lock()
+
+        def send(obj: Any) -> None:
+            with write_lock:
+                self.wfile.write(encode(obj))
+                self.wfile.flush()
+
+        def progress(phase: str, done: int, total: int) -> None:
+            try:
+                send({"progress": [phase, done, total]})
+            except OSError:
+                pass  # the client went away; the operation still finishes
+
+        op = "?"
+        try:
+            msg = read_line(self.rfile)
+            if msg is None:
+                return
+            op, args = str(msg.get("op")), msg.get("args") or {}
+            if not isinstance(args, dict):
+                raise ProtocolError("args must be a JSON object.")
+            result = self.server.daemon.dispatch(peer, op, args, progress)
+            log.info("uid %d (pid %d): %s %s: ok", uid, pid, op, args.get("name") or args.get("target") or "")
+            send({"ok": True, "result": result})
+        except GPUCRError as e:
+            log.info("uid %d (pid %d): %s refused or failed: %s", uid, pid, op, e)
+            send({"ok": False, "error": e.to_dict()})
+        except Exception as e:  # noqa: BLE001 - the client gets an answer, the daemon keeps serving
+            log.exception("uid %d (pid %d): %s crashed", uid, pid, op)
+            send({"ok": False, "error": EngineError(f"The gpucr daemon failed: {e}").to_dict()})
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, daemon: Daemon) -> None:
+        self.daemon = daemon
+        super().__init__(path, _Handler)
+
+
+def serve(socket_path: Path, daemon: Daemon) -> _Server:
+    """Bind the socket (any local user may connect; each request is authorized by its credentials)."""
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(socket_path.parent, 0o755)
+    if socket_path.exists():
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(str(socket_path))
+            raise StateError(f"A gpucr daemon already listens on {socket_path}.")
+        except ConnectionRefusedError:
+            socket_path.unlink()
+        finally:
+            probe.close()
+    server = _Server(str(socket_path), daemon)
+    os.chmod(socket_path, 0o666)
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpucr-daemon", description="Checkpoint and restore processes for unprivileged users.")
+    parser.add_argument("--socket", default=os.environ.get("GPUCR_DAEMON_SOCKET", DEFAULT_SOCKET))
+    parser.add_argument("--state-dir", default=DEFAULT_STATE, help="root-only directory of the per-user stores")
+    parser.add_argument("--criu", default=None, help="criu binary (default: search)")
+    parser.add_argument("--keep-last", type=int, default=1, help="checkpoints kept per process")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpucr-daemon %(levelname)s %(message)s")
+    if os.geteuid() != 0:
+        log.error("gpucr-daemon must run as root (it runs CRIU for other users).")
+        return 2
+    daemon = Daemon(Path(args.state_dir), args.criu, args.keep_last)
+    try:
+        server = serve(Path(args.socket), daemon)
+    except GPUCRError as e:
+        log.error("%s", e)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    log.info("listening on %s, stores in %s/users (version %s)", args.socket, args.state_dir, __version__)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        Path(args.socket).unlink(missing_ok=True)
+    log.info("stopped; the processes it started keep running")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
