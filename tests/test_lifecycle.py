@@ -4,6 +4,7 @@ same machine through suspends and restores."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from jupyter_events import EventLogger
@@ -93,3 +94,9 @@ def test_unknown_fields_are_a_programming_error(recorded):
 def test_the_state_matches_its_schema():
     assert set(KernelState("k").to_dict()) == set(state_schema()["properties"])
     assert state_schema()["properties"]["state"]["enum"] == [RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING]
+
+
+def test_the_rest_docs_describe_every_property():
+    doc = (Path(__file__).parent.parent / "docs" / "rest-api.md").read_text()
+    missing = [name for name in state_schema()["properties"] if f"`{name}`" not in doc]
+    assert missing == []

@@ -131,7 +131,7 @@ async def test_sigterm_suspends_all_and_next_server_restores(tmp_path):
         ws.close()
     finally:
         assert first.sigterm() == 0
-    assert "suspended on disk for the next start" in log.read_text()
+    assert "1 kernel(s) are on disk for the next start" in log.read_text()
 
     second = RealServer(root, store, log)
     try:

@@ -72,4 +72,5 @@ def run_checks(store: Store | None = None, criu_path: str | None = None) -> list
 
 
 def report(checks: list[Check]) -> dict[str, Any]:
-    return {"ok": all(c.ok for c in checks if c.required), "checks": [asdict(c) for c in checks]}
+    failing = sum(1 for c in checks if c.required and not c.ok)
+    return {"ok": failing == 0, "failing": failing, "checks": [asdict(c) for c in checks]}
