@@ -14,6 +14,7 @@ import logging
 import os
 import pwd
 import secrets
+import shlex
 import signal
 import socket
 import socketserver
@@ -29,6 +30,7 @@ import psutil
 
 from .._version import __version__
 from ..core.checkpointer import Checkpointer, Running
+from ..core.criu import find_criu
 from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, StateError
 from ..core.launcher import clean_env
 from ..core.names import validate_name
@@ -38,6 +40,7 @@ from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, Pr
 
 log = logging.getLogger("gpucr-daemon")
 DROPEXEC = Path(__file__).with_name("dropexec.py")
+CRIU_AS_OWNER = Path(__file__).with_name("criu_as_owner.py")
 #: What the root processes of a launch (unshare, the holder) see; the user's own environment is
 #: applied only after the privileges are dropped (dropexec).
 ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -65,7 +68,7 @@ class Daemon:
 
     def __init__(self, state_dir: Path, criu_path: str | None = None, keep_last: int = 1) -> None:
         self.state_dir = state_dir
-        self.criu_path = criu_path
+        self.criu_path = _criu_wrapper(state_dir, criu_path)
         self.keep_last = keep_last
         self._holders: dict[tuple[int, str], subprocess.Popen] = {}
         self._lock = threading.Lock()
@@ -105,8 +108,9 @@ class Daemon:
                    "--", *command]
         try:
             running = cr.run(name, wrapped, cwd="/", env=ROOT_ENV, detach=True)
-        finally:
-            env_file.unlink(missing_ok=True)
+        except BaseException:
+            env_file.unlink(missing_ok=True)  # on success dropexec deletes it once read
+            raise
         running.record.update(command=command, cwd=cwd, uid=peer.uid, user=peer.user, via="daemon")
         cr.store.write_proc(name, running.record)
         return self._adopt(peer, running)
@@ -192,6 +196,20 @@ class Daemon:
         threading.Thread(target=popen.wait, daemon=True, name=f"reap-{popen.pid}").start()
         return {"name": running.name, "pid": running.pid, "ns_pid": running.ns_pid, "holder_pid": running.started.holder_pid,
                 "record": running.record}
+
+
+def _criu_wrapper(state_dir: Path, criu_path: str | None) -> str | None:
+    """The daemon's criu: the real one behind criu_as_owner.py (see there); None when none is found."""
+    real = find_criu(criu_path)
+    if real is None:
+        return criu_path
+    wrapper = make_private_dir(state_dir) / "criu"
+    tmp = wrapper.with_name(".criu.tmp")
+    tmp.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(str(CRIU_AS_OWNER))} "
+                   f"{shlex.quote(os.path.abspath(real))} \"$@\"\n")
+    os.chmod(tmp, 0o700)
+    os.replace(tmp, wrapper)
+    return str(wrapper)
 
 
 def _name(name: Any) -> str:

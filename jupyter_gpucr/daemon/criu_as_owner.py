@@ -1,0 +1,39 @@
+"""Run ``criu dump`` under the uid of the process it dumps, where root lacks CAP_SYS_RESOURCE.
+
+CRIU reads every task's rlimits with prlimit(), which the kernel allows across uids only with
+CAP_SYS_RESOURCE; containers often drop it from the bounding set (this CI machine does), and the
+dump of another user's process then fails with ``Can't get rlimit 0``. Run as the owner (same real
+uid and gid) with the capabilities CRIU needs kept as ambient capabilities and ``--unprivileged``,
+it dumps; the owner cannot trace or change that CRIU (it holds capabilities the owner lacks). Every
+other command, and every dump where root has CAP_SYS_RESOURCE, runs CRIU unchanged. A plain script
+(``python -I -S``), installed by the daemon as its criu binary.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+CAP_SYS_RESOURCE = 24
+CAPS = ("sys_admin", "sys_ptrace", "checkpoint_restore", "net_admin", "dac_override", "dac_read_search", "fowner", "chown",
+        "setuid", "setgid", "kill", "sys_chroot", "fsetid", "setpcap", "sys_nice")
+
+
+def _status(pid: str) -> dict[str, list[str]]:
+    with open(f"/proc/{pid}/status") as f:
+        return {k: v.split() for k, _, v in (line.partition(":") for line in f)}
+
+
+def main(criu: str, args: list[str]) -> None:
+    own = _status("self")
+    if args[:1] == ["dump"] and "-t" in args and not int(own["CapEff"][0], 16) & (1 << CAP_SYS_RESOURCE):
+        target = _status(args[args.index("-t") + 1])
+        uid, gid = target["Uid"][0], target["Gid"][0]
+        if target["Uid"] == [uid] * 4 and target["Gid"] == [gid] * 4 and uid != "0":
+            caps = ",".join(f"+{c}" for c in CAPS)
+            os.execvp("setpriv", ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", f"--inh-caps={caps}",
+                                  f"--ambient-caps={caps}", "--", criu, "dump", "--unprivileged", *args[1:]])
+    os.execv(criu, [criu, *args])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
