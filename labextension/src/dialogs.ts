@@ -30,10 +30,8 @@ export class GpucrSessionDialogs extends SessionContextDialogs {
     if (!kernelId || state?.state !== 'suspended') {
       return super.restart(sessionContext);
     }
-    const name = kernelLabel(
-      kernelId,
-      state.notebook_path ?? sessionContext.path
-    );
+    // The path JupyterLab has now (the notebook may have been renamed).
+    const name = kernelLabel(kernelId, sessionContext.path);
     const result = await showDialog({
       title: 'Restart the suspended kernel?',
       body:

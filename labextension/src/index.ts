@@ -248,6 +248,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       tracker,
       notifier,
       kernels: serviceManager.kernels,
+      sessions: serviceManager.sessions,
       confirmSuspend: () => confirmSuspend,
       disableConfirmSuspend: async () => {
         confirmSuspend = false;

@@ -16,6 +16,7 @@ export namespace CommandIDs {
   export const cancelSuspend = 'gpucr:cancel-suspend';
   export const resume = 'gpucr:resume';
   export const shutdownKernel = 'gpucr:shutdown-kernel';
+  export const shutdownAll = 'gpucr:shutdown-all';
   export const deleteCheckpoint = 'gpucr:delete-checkpoint';
   export const restoreFromTrash = 'gpucr:restore-from-trash';
   export const deleteFromTrash = 'gpucr:delete-from-trash';

@@ -230,15 +230,25 @@ test.describe('suspended kernels in JupyterLab', () => {
     page
   }) => {
     const name = 'shut.ipynb';
-    await page.notebook.createNew(name);
-    await page.notebook.setCell(0, 'code', 'v = "kept"');
-    await page.notebook.run();
-    const kernelId = await currentKernelId(page);
+    const kernelId = await newNotebook(page, name, 'v = "kept"');
     await suspendByRest(page, kernelId);
     await statusSuspended(page);
 
-    await page.menu.clickMenuItem('Kernel>Shut Down Kernel');
+    // Kernel > Shut Down All Kernels… says it too (Cancel here).
+    await page.menu.open('Kernel');
+    await expect(
+      page.locator('.lm-Menu-itemLabel', { hasText: 'Shut Down All Kernels…' })
+    ).toHaveCount(1);
+    await page.menu.clickMenuItem('Kernel>Shut Down All Kernels…');
     const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText('Shut Down All?');
+    await expect(dialog).toContainText(
+      `The suspended state of ${name} (`
+    );
+    await dialog.getByRole('button', { name: 'Cancel' }).click();
+    await expectSuspended(page, kernelId);
+
+    await page.menu.clickMenuItem('Kernel>Shut Down Kernel');
     await expect(dialog).toContainText('Shut down the suspended kernel?');
     await expect(dialog).toContainText(
       new RegExp(
@@ -295,10 +305,7 @@ test.describe('suspended kernels in JupyterLab', () => {
     page
   }) => {
     const name = 'restart.ipynb';
-    await page.notebook.createNew(name);
-    await page.notebook.setCell(0, 'code', 'r = 5');
-    await page.notebook.run();
-    const kernelId = await currentKernelId(page);
+    const kernelId = await newNotebook(page, name, 'r = 5');
     await suspendByRest(page, kernelId);
     await statusSuspended(page);
 
