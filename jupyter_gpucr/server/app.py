@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
@@ -74,12 +75,20 @@ class GPUCRApp(ExtensionApp):
         asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
         self.log.info("gpucr: whole-process engine: %s", self.service.backend.why)
         self._check_stop_budget()
+        self._stop_on_sigint()
         await self.service.relist_at_start()
         options = self.service.options
         if options.idle_timeout > 0:
             self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
             self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
+
+    def _stop_on_sigint(self) -> None:
+        """LocalProcessSpawner stops a server with SIGINT. jupyter_server handles SIGINT only when
+        stdin is a terminal (to ask before stopping); without one, Python's KeyboardInterrupt ends the
+        event loop and no extension's stop hook runs: kernels would be neither suspended nor shut down."""
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self.serverapp._signal_stop)
 
     def _check_stop_budget(self) -> None:
         """A spawner kills a server that takes longer to stop than it allows: kernels not on disk by
