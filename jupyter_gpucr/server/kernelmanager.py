@@ -45,6 +45,10 @@ class GPUCRKernelManager(ServerKernelManager):
     def suspender(self) -> KernelSuspender:
         return self.parent.suspender
 
+    async def start_kernel(self, *args: Any, **kwargs: Any) -> None:
+        await super().start_kernel(*args, **kwargs)
+        self.suspender.remember(self.kernel_id, self)
+
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         async with self.suspender.operation(self.kernel_id):
             if self.parent.lifecycle.is_on_disk(self.kernel_id):

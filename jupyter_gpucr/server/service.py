@@ -22,17 +22,20 @@ from ..core import gpus
 from ..core.checkpointer import Checkpointer
 from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFoundError, StateError
 from ..core.procs import is_alive, tree
-from ..core.store import Checkpoint, Store
+from ..core.store import Checkpoint, Store, read_json, write_json_atomic
 from . import kernel_rpc
 from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
 from .dormant import Saved
 from .engines import CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState
+from .provisioner import GPUCRProvisioner
 
 if TYPE_CHECKING:
     from .kernelmanager import GPUCRMappingKernelManager
 
+#: A kernel's record beside its process files (procs/KERNEL_ID/), for listing it after a crash.
+KERNEL_RECORD = "kernel.json"
 #: How long a suspend waits for requests the kernel already received to finish.
 REPLY_GRACE_S = 2.0
 
@@ -270,6 +273,15 @@ class KernelSuspender:
             client.stop_channels()
         return saved, report
 
+    def remember(self, kernel_id: str, km: Any) -> None:
+        """Write down, beside a checkpointable kernel's process files, what a later server needs
+        to list it again should this one die before the kernel was ever suspended."""
+        if not isinstance(km.provisioner, GPUCRProvisioner):
+            return
+        write_json_atomic(self.store.proc_dir(kernel_id) / KERNEL_RECORD, {
+            "kernel_id": kernel_id, "kernel_name": km.kernel_name, "connection_info": _jsonable(km.get_connection_info()),
+            "cwd": str(getattr(km.provisioner, "cwd", "") or ""), "sessions": []})
+
     async def _kernel_record(self, kernel_id: str, km: Any, saved: dict[str, Any]) -> dict[str, Any]:
         """What a later server needs to list the kernel again and answer for it."""
         sessions = await self.kernel_manager.sessions_of(kernel_id)
@@ -422,17 +434,19 @@ class KernelSuspender:
     async def _relist(self, name: str) -> None:
         rec = self.store.read_proc(name)
         ckpt = self.store.latest(name)
-        kernel = (ckpt.manifest.get("kernel") if ckpt else None) or {}
+        kernel = (ckpt.manifest.get("kernel") if ckpt else None) or read_json(self.store.proc_dir(name) / KERNEL_RECORD)
         if not kernel:
-            return  # a `gpucr run` process, or a kernel never suspended: not the server's to list
+            return  # a `gpucr run` process: not the server's to list
         if rec.get("state") == "running" and is_alive(rec.get("pid")):
-            ckpt = await self._put_on_disk(name, ckpt)  # type: ignore[arg-type]
-        await self._list_on_disk(name, ckpt)  # type: ignore[arg-type]
+            ckpt = await self._put_on_disk(name, ckpt, kernel)
+        if ckpt is not None:
+            await self._list_on_disk(name, ckpt)
 
-    async def _put_on_disk(self, name: str, ckpt: Checkpoint) -> Checkpoint:
-        """An earlier server died while this kernel ran (restored, or mid-restore)."""
-        m = ckpt.manifest
-        if m.get("engine") != "criu":
+    async def _put_on_disk(self, name: str, ckpt: Checkpoint | None, kernel: dict[str, Any]) -> Checkpoint:
+        """An earlier server died while this kernel ran: before its first suspend, during or
+        after a restore. It goes to disk now, so this server can list it."""
+        m = ckpt.manifest if ckpt else {"engine": "criu"}
+        if m.get("engine") != "criu" and ckpt is not None:
             for pid in reversed(tree(self.store.read_proc(name)["pid"])):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
@@ -440,7 +454,7 @@ class KernelSuspender:
                              "the variables saved at its last suspend", name)
             return ckpt
         self.log.warning("gpucr: kernel %s was left running by an earlier server; suspending it to list it again", name)
-        extra = {"kernel": m["kernel"], "engine_reason": m.get("engine_reason")}
+        extra = {"kernel": kernel, "engine_reason": m.get("engine_reason") or "whole process, after a server crash"}
         return await asyncio.to_thread(self.checkpointer.checkpoint, name, False, "recovered", extra)
 
     async def _list_on_disk(self, name: str, ckpt: Checkpoint) -> KernelState:
