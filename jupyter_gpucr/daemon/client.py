@@ -125,6 +125,7 @@ class DaemonStore(Store):
     def __init__(self, root: Path | str | None, client: DaemonClient) -> None:
         super().__init__(root)
         self.client = client
+        make_private_dir(self.root)  # mkdir(parents=True) leaves the store's own directory world-readable
 
     def mirror(self, cid: str, manifest: dict[str, Any]) -> Checkpoint:
         """Write (or rewrite) the manifest of a daemon checkpoint, without images."""
