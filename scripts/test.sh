@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Set everything up (idempotent) and run the whole test suite: Python tests (real jupyter
-# servers, kernels and CRIU) and the JupyterLab UI tests in Debian's chromium.
+# servers, kernels and CRIU), jupyter_client's and jupyter_server's own kernel and session tests
+# with gpucr on (scripts/peer-tests.sh), and the JupyterLab UI tests in Debian's chromium.
 # pytest's exit code 5 ("no tests collected") counts as a failure here: the suite must run.
 set -uo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 bash scripts/setup.sh || exit 1
 rc=0
-.venv/bin/python -m pytest tests -p no:cacheprovider -q "$@" || rc=$?
+# tests/peer holds jupyter_client's and jupyter_server's own tests; they run below, on their own.
+.venv/bin/python -m pytest tests --ignore=tests/peer -p no:cacheprovider -q "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "test: pytest collected no tests; that is a failure" >&2
 fi
+peer_rc=0
+bash scripts/peer-tests.sh || peer_rc=$?
+[ "$rc" -ne 0 ] || rc=$peer_rc
 if [ -x ui-tests/run.sh ] && [ -z "${GPUCR_SKIP_UI:-}" ]; then
     ui_rc=0
     bash ui-tests/run.sh || ui_rc=$?

@@ -6,6 +6,7 @@ server is made, in ``jp_configurable_serverapp``, on top of whatever config (and
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,23 @@ GPUCR_MANAGER = "jupyter_gpucr.server.kernelmanager.GPUCRMappingKernelManager"
 STOCK_MANAGERS = {
     f"jupyter_server.services.kernels.kernelmanager.{name}" for name in ("MappingKernelManager", "AsyncMappingKernelManager")
 }
+
+
+# Tests whose meaning gpucr changes on purpose, skipped with the reason (docs/peer-suites.md lists them).
+DIFFERENCES = {
+    r"tests/services/kernels/test_cull\.py::test_cull_(idle|connected)\[.*\]":
+        "culling suspends an idle kernel to disk instead of shutting it down: it stays listed under its id",
+    r"tests/services/sessions/test_api\.py::.*\[jp_server_config[23]\]":
+        "these configurations replace the server's kernel manager with NewPortsMappingKernelManager; gpucr refuses to "
+        "run beside another kernel manager class (the server exits with a clear error) because it could not see the kernels",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        reason = next((why for pattern, why in DIFFERENCES.items() if re.fullmatch(pattern, item.nodeid)), None)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"gpucr: {reason}"))
 
 
 def with_gpucr(config: Any) -> Any:
