@@ -9,7 +9,9 @@
 #    override with PYTHON=/path/to/python3),
 # 3. upgrades pip and runs `pip install -e '.[test]'` (skipped when pyproject.toml is unchanged since the
 #    last successful run; --force or GPUCR_SETUP_FORCE=1 redoes it),
-# 4. installs CRIU 4.2+ as .venv/bin/criu via scripts/install-criu.sh (a self-contained bundle).
+# 4. installs CRIU 4.2+ as .venv/bin/criu via scripts/install-criu.sh (a self-contained bundle),
+# 5. installs jupyterhub and jupyterhub-idle-culler (pip) and configurable-http-proxy (npm, into .venv/node)
+#    for the real JupyterHub test.
 # Exits non-zero with a message on the first failure.
 set -euo pipefail
 
@@ -20,7 +22,7 @@ STAMP="$VENV/.gpucr-setup-stamp"
 FORCE=${GPUCR_SETUP_FORCE:-}
 case ${1:-} in
     --force) FORCE=1 ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) echo "setup: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
@@ -57,7 +59,7 @@ cd "$REPO_ROOT"
 [ -f pyproject.toml ] || fail "no pyproject.toml in $REPO_ROOT"
 
 # ------------------------------------------------------------------------------------- 1. OS packages
-step "[1/4] system packages"
+step "[1/5] system packages"
 PY=${PYTHON:-python3}
 pkgs=()
 command -v "$PY" >/dev/null || { [ -z "${PYTHON:-}" ] || fail "PYTHON=$PYTHON not found"; pkgs+=(python3 python3-venv); }
@@ -83,7 +85,7 @@ fi
 say "  python: $PY ($("$PY" -c 'import platform; print(platform.python_version())')); nsenter, unshare: ok"
 
 # ------------------------------------------------------------------------------------- 2. virtualenv
-step "[2/4] virtualenv $VENV"
+step "[2/5] virtualenv $VENV"
 VPY="$VENV/bin/python"
 if [ -x "$VPY" ] && "$VPY" -c 'import sys, pip; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
     say "  exists ($("$VPY" -c 'import platform; print(platform.python_version())'))"
@@ -95,7 +97,7 @@ else
 fi
 
 # ------------------------------------------------------------------------------------- 3. pip install -e
-step "[3/4] pip install -e '.[test]'"
+step "[3/5] pip install -e '.[test]'"
 want=$( { cat pyproject.toml; "$VPY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -d' ' -f1)
 if [ -z "$FORCE" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
    && "$VPY" -m pip show -q jupyter-gpucr >/dev/null 2>&1; then
@@ -109,9 +111,22 @@ else
 fi
 
 # ------------------------------------------------------------------------------------- 4. CRIU
-step "[4/4] CRIU 4.2+ into $VENV/bin/criu"
+step "[4/5] CRIU 4.2+ into $VENV/bin/criu"
 GPUCR_PREFIX="$VENV" bash "$SCRIPT_DIR/install-criu.sh" "$VENV" || fail "scripts/install-criu.sh failed"
 "$VENV/bin/criu" --version >/dev/null || fail "$VENV/bin/criu does not run"
+
+# ------------------------------------------------------------------------------------- 5. JupyterHub test tools
+step "[5/5] jupyterhub, jupyterhub-idle-culler (pip) and configurable-http-proxy (npm) for tests/test_jupyterhub.py"
+"$VPY" -c 'import jupyterhub, jupyterhub_idle_culler' >/dev/null 2>&1 \
+    || "$VPY" -m pip install -q jupyterhub jupyterhub-idle-culler || fail "pip install jupyterhub jupyterhub-idle-culler failed"
+CHP="$VENV/node/node_modules/.bin/configurable-http-proxy"
+if ! command -v configurable-http-proxy >/dev/null && [ ! -x "$CHP" ]; then
+    command -v npm >/dev/null || apt_install nodejs npm
+    # the machine's own npm configuration (registry, proxy) decides where it comes from
+    npm install --no-audit --no-fund --silent --prefix "$VENV/node" configurable-http-proxy >/dev/null \
+        || fail "npm install configurable-http-proxy failed"
+fi
+say "  jupyterhub $("$VPY" -c 'import jupyterhub; print(jupyterhub.__version__)'), configurable-http-proxy: ok"
 
 STEP="done"
 say "done in $(elapsed): $("$VENV/bin/criu" --version | sed -n 's/^Version: */CRIU /p') at .venv/bin/criu; activate with: . .venv/bin/activate"

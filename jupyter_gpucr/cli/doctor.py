@@ -1,6 +1,7 @@
 """``gpucr doctor``: what works on this machine for checkpointing, and how to fix what does not."""
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import asdict
 from typing import Any
@@ -12,6 +13,8 @@ from ..core.criu import Criu
 from ..core.errors import GPUCRError
 from ..core.privileges import Check, check_privileges
 from ..core.store import Store
+from ..daemon.client import DaemonClient
+from ..daemon.protocol import DEFAULT_SOCKET
 
 
 def _check_criu(criu_path: str | None) -> list[Check]:
@@ -56,9 +59,22 @@ def _check_gpu() -> list[Check]:
     return checks
 
 
-def run_checks(store: Store | None = None, criu_path: str | None = None) -> list[Check]:
+def _check_engine(daemon_socket: str | None) -> Check:
+    """Which engine a server started by this user gets, and why (the server decides the same way)."""
+    privileges = check_privileges()
+    if privileges.ok:
+        return Check("engine", True, "whole process: this user may run CRIU itself")
+    socket = daemon_socket or os.environ.get("GPUCR_DAEMON_SOCKET") or DEFAULT_SOCKET
+    reason = DaemonClient(socket).unavailable_reason()
+    if reason is None:
+        return Check("engine", True, f"whole process through the gpucr daemon at {socket}")
+    return Check("engine", False, f"snapshot only: not root, no checkpoint capabilities, and {reason}",
+                 "Ask the administrator to run gpucr-daemon (docs/jupyterhub.md), or run as root.", required=False)
+
+
+def run_checks(store: Store | None = None, criu_path: str | None = None, daemon_socket: str | None = None) -> list[Check]:
     store = store or Store()
-    checks = _check_criu(criu_path) + [check_privileges()]
+    checks = _check_criu(criu_path) + [check_privileges(), _check_engine(daemon_socket)]
     for tool in ("unshare", "nsenter"):
         path = shutil.which(tool)
         checks.append(Check(tool, bool(path), path or "missing", "" if path else "Install util-linux."))

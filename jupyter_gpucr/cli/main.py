@@ -14,6 +14,7 @@ from typing import Any
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError
 from .doctor import report, run_checks
+from .install_criu import install
 from .server_client import call, find_server
 
 
@@ -69,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--kill", action="store_true", help="also stop the process if it is running")
     s = add("recover", help="after a crash: finish or undo interrupted checkpoints and restores")
     s.add_argument("name", nargs="?", help="one name (default: every name in the store)")
+    s = add("install-criu", help="install CRIU 4.2+ (a self-contained bundle) beside this Python, or into ~/.local")
+    s.add_argument("--prefix", help="install as PREFIX/bin/criu")
+    s.add_argument("--force", action="store_true", help="reinstall even when a working CRIU is there")
     s = add("trash", help="list, restore or delete what was put in the trash")
     s.add_argument("action", choices=["ls", "restore", "rm"])
     s.add_argument("trash_id", nargs="?")
@@ -107,6 +111,8 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return rep, "\n".join(lines)
     if args.cmd == "kernel":
         return _kernel_command(args)
+    if args.cmd == "install-criu":
+        return install(args.prefix, args.force)
     cr = Checkpointer(args.store, criu_path=args.criu)
     if args.cmd == "run":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
