@@ -6,8 +6,13 @@ server (never neither)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import pathlib
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import psutil
@@ -147,3 +152,71 @@ async def _listed_state(server: RealServer, kid: str) -> str | None:
         await asyncio.sleep(0.3)
     return None
 
+
+
+@pytest.mark.parametrize("how", ["command line", "config file with a second extension"])
+def test_another_kernel_manager_class_refuses_the_start(tmp_path, how):
+    """gpucr's manager stays in force, or the server does not start and says why."""
+    criu_or_skip()
+    config = tmp_path / "config"
+    config.mkdir()
+    args = ["--ServerApp.jpserver_extensions={'jupyter_gpucr': True}"]
+    stock = "jupyter_server.services.kernels.kernelmanager.AsyncMappingKernelManager"
+    if how == "command line":
+        args.append(f"--ServerApp.kernel_manager_class={stock}")
+    else:
+        (config / "jupyter_server_config.json").write_text(json.dumps({"ServerApp": {
+            "kernel_manager_class": stock, "jpserver_extensions": {"jupyter_gpucr": True, "jupyterlab": True}}}))
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config), "GPUCR_STORE": str(tmp_path / "store")}
+    proc = subprocess.run([sys.executable, "-m", "jupyter_server", "--port=0", f"--ServerApp.root_dir={tmp_path}", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0
+    assert "ServerApp.kernel_manager_class is set to" in proc.stderr and "gpucr needs its own" in proc.stderr
+
+
+def block_the_commit(store: pathlib.Path, stop: threading.Event) -> None:
+    """Take the checkpoint's final name as soon as its temporary directory appears: the dump
+    completes, the commit's rename fails, as it would on a full disk (the same path: the images
+    are complete, the checkpoint cannot be finished)."""
+    while not stop.is_set():
+        for tmp in store.glob("checkpoints/.tmp-*"):
+            blocker = tmp.with_name(tmp.name[len(".tmp-"):]) / "taken"
+            blocker.parent.mkdir(exist_ok=True)
+            blocker.write_text("another checkpoint of the same name")
+            return
+        time.sleep(0.001)
+
+
+async def test_a_failed_commit_puts_the_kernel_back_under_the_server(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """The dump finished but the checkpoint could not be committed: the process is restored from
+    its images, and the server's provisioner, restarter and websocket follow the new process."""
+    store = jp_serverapp.kernel_manager.suspender.checkpointer.store.root
+    kid = (await new_session(jp_fetch, "full.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "import numpy as np\nx = 42\na = np.arange(5_000_000)")
+    old_pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
+    stop = threading.Event()
+    blocker = threading.Thread(target=block_the_commit, args=(store, stop))
+    blocker.start()
+    try:
+        with pytest.raises(HTTPClientError) as err:
+            await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
+    finally:
+        stop.set()
+        blocker.join()
+    body = json.loads(err.value.response.body)
+    assert err.value.code == 500 and "The process was put back and runs again" in body["message"], body
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert st["state"] == "running" and "put back" in st["error"]
+    _, out, _ = await execute(ws, "print(x, int(a.sum()))")  # the same websocket works, nothing lost
+    assert out == f"42 {sum(range(5_000_000))}\n"
+    pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
+    assert pid != old_pid and psutil.pid_exists(pid)  # the provisioner tracks the process that was put back
+    assert not [p for p in (store / "checkpoints").glob(".tmp-*")]
+    for taken in (store / "checkpoints").glob("*/taken"):
+        taken.unlink()
+        taken.parent.rmdir()
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})  # works again
+    _, out, _ = await execute(ws, "print(x)")
+    assert out == "42\n"
+    ws.close()

@@ -130,6 +130,8 @@ async def test_shutdown_and_restart_keep_the_saved_state_in_the_trash(jp_fetch, 
     trash = await fetch_json(jp_fetch, "api", "gpucr", "trash")
     assert [(t["kernel_id"], t["reason"]) for t in trash] == [(kid, "restart")]
     assert trash[0]["notebook_path"] == "keep.ipynb" and trash[0]["expires_at"] > trash[0]["trashed_at"]
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert st["state"] == "running" and "variables of the suspended kernel are gone" in st["warnings"][0]
     ws = await open_ws(jp_ws_fetch, kid, "after-restart")
     _, out, _ = await execute(ws, "print('x' in globals())")
     assert out == "False\n"  # a fresh kernel, as the user asked

@@ -14,10 +14,11 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -25,7 +26,17 @@ from .._version import __version__
 from . import cuda, gpus
 from .checksums import DigestWhileWriting, digest_tree
 from .criu import Criu, at_work_in, drop_network_lock, explain_log
-from .errors import BusyError, CheckpointDamagedError, EngineError, GPUCRError, IncompatibleCheckpointError, InvalidNameError, PreconditionError, StateError
+from .errors import (
+    BusyError,
+    CheckpointDamagedError,
+    EngineError,
+    GPUCRError,
+    IncompatibleCheckpointError,
+    InvalidNameError,
+    PreconditionError,
+    PutBackError,
+    StateError,
+)
 from .launcher import HOLDER, Started, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
@@ -226,7 +237,7 @@ class Checkpointer:
             if leave_running:
                 self.store.discard(tmp)
                 raise EngineError(f"Finishing the checkpoint failed: {e}. The process kept running.") from e
-            raise self._put_back_from(tmp, name, rec, e) from e
+            raise self._put_back_from(tmp, name, rec, cuda_ns_pids, e) from e
         rec = {**rec, "checkpoint": cid}
         if not leave_running:
             wait_gone(pid, 10)
@@ -272,17 +283,22 @@ class Checkpointer:
             "gpucr_version": __version__,
         }
 
-    def _put_back_from(self, tmp: Path, name: str, rec: dict[str, Any], cause: BaseException) -> GPUCRError:
+    def _put_back_from(self, tmp: Path, name: str, rec: dict[str, Any], cuda_ns_pids: list[int],
+                       cause: BaseException) -> GPUCRError:
         """The dump finished but the checkpoint could not be committed: restore from the
-        temporary images so the process is not lost; keep the images if even that fails."""
+        temporary images (GPU state onto the same GPUs) so the process is not lost; keep the images
+        if even that fails. The error carries ``started``: whoever tracked the process (the server's
+        provisioner) must adopt the restored one."""
         try:
             started = self._spawn_restore(name, tmp / "images", tmp)
+            self._restore_gpu(started, cuda_ns_pids, {})
         except GPUCRError as e:
             return EngineError(f"Finishing the checkpoint failed ({cause}) and putting the process back failed "
                                f"too ({e.message}).", f"The complete CRIU images are kept in {tmp}.")
         self.store.write_proc(name, {**rec, "state": "running", "pid": started.pid, "ns_pid": started.ns_pid})
         self.store.discard(tmp)
-        return EngineError(f"Finishing the checkpoint failed: {cause}. The process was put back and runs again.")
+        return PutBackError(f"Finishing the checkpoint failed: {cause}. The process was put back and runs again.",
+                            "Free disk space in the checkpoint store, then suspend again.", started)
 
     # -- restore -------------------------------------------------------------------------
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
@@ -677,7 +693,7 @@ class _DirProgress:
             except OSError:
                 pass
 
-    def __enter__(self) -> "_DirProgress":
+    def __enter__(self) -> _DirProgress:
         if self.progress is not _no_progress:
             self._thread.start()
         return self

@@ -66,3 +66,12 @@ class EngineError(GPUCRError):
     """CRIU or the CUDA driver failed; the message carries the translated reason."""
 
     status = 500
+
+
+class PutBackError(EngineError):
+    """A checkpoint could not be finished, and the process was restored from its images: it runs
+    again, under a new host PID (``started``), which whoever tracked the old one must adopt."""
+
+    def __init__(self, message: str, hint: str, started: object) -> None:
+        super().__init__(message, hint)
+        self.started = started

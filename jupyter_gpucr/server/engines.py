@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.checkpointer import Checkpointer
 from ..core.checksums import digest_tree
-from ..core.errors import EngineError, GPUCRError, PreconditionError
+from ..core.errors import EngineError, GPUCRError, PreconditionError, PutBackError
 from ..core.privileges import check_privileges
 from ..core.store import Checkpoint
 from . import kernel_rpc
@@ -92,10 +92,8 @@ class CriuEngine(SuspendEngine):
         await detach()
         try:
             ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress)
-        except GPUCRError as e:
-            started = getattr(e, "started", None)
-            if started is not None:  # the dump finished, the commit failed: the process was put back anew
-                km.provisioner.adopt(started)
+        except PutBackError as e:  # the dump finished, the commit failed: the process was restored anew
+            km.provisioner.adopt(e.started)
             raise
         km.provisioner.mark_suspended()
         await km.provisioner.cleanup(restart=True)

@@ -360,6 +360,10 @@ class KernelSuspender:
         if self.stopping:
             return
         trash_id = self.store.trash(kernel_id, reason)
+        if reason == "restart":  # the fresh kernel's state says so, for whoever looks next
+            self.lifecycle.transition(kernel_id, RUNNING, "done", warnings=[
+                f"Restarted fresh: the variables of the suspended kernel are gone from it; its saved state is in "
+                f"the trash ({trash_id}) for {self.options.trash_hours:g} h."])
         self.log.info("gpucr: the saved state of kernel %s is in the trash as %s for %s h (%s)", kernel_id, trash_id,
                       self.options.trash_hours, reason)
 
