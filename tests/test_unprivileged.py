@@ -1,0 +1,58 @@
+"""A server of an ordinary user without the gpucr daemon (JupyterHub without it): kernels start the
+stock way, never a 500, and suspend with the snapshot engine, which says why."""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests import hub as H
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(H.missing_requirement() is not None,
+                                                             reason=H.missing_requirement() or "")]
+USER = "bob"
+
+
+def test_kernels_start_without_privileges_or_daemon(tmp_path: Path) -> None:
+    pw = H.ensure_user(USER)
+    opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
+    port, token = H.free_port(), secrets.token_hex(16)
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen(
+        ["runuser", "-u", USER, "--", str(H.VENV_BIN / "jupyter-server"), f"--port={port}", "--ip=127.0.0.1", "--no-browser",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={pw.pw_dir}", "--GPUCR.daemon_socket=/nonexistent/gpucr.sock",
+         f"--GPUCR.store={pw.pw_dir}/.local/share/gpucr-unprivileged-test"],
+        stdout=open(log, "wb"), stderr=subprocess.STDOUT, env={"PATH": H.CLEAN_PATH, "HOME": pw.pw_dir, "LANG": "C.UTF-8"})
+    url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}
+
+    def up() -> bool:
+        assert proc.poll() is None, log.read_text()
+        try:
+            return requests.get(f"{url}/api/status", headers=headers, timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    try:
+        H.wait_until("the server", up, 60)
+        r = requests.post(f"{url}/api/kernels", headers=headers, json={"name": "python3"}, timeout=60)
+        assert r.status_code == 201, r.text
+        kernel_id = r.json()["id"]
+        time.sleep(3)  # the kernel is up (201); give it a moment to finish importing
+        r = requests.post(f"{url}/api/gpucr/kernels/{kernel_id}/suspend", headers=headers, timeout=120)
+        assert r.status_code == 200, r.text
+        state = r.json()
+        assert state["state"] == "suspended" and state["engine"] == "snapshot"
+        assert "not launched by the gpucr provisioner" in state["engine_reason"]
+        text = log.read_text()  # the server says why at start
+        assert "kernels start the stock way" in text and "no gpucr daemon socket at /nonexistent/gpucr.sock" in text
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        for path, mode in opened.items():
+            os.chmod(path, mode)
