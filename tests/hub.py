@@ -81,10 +81,16 @@ def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any
     raise TimeoutError(f"{what} did not happen within {timeout:.0f} s")
 
 
+def _pythonpath() -> dict[str, str]:
+    """Where the package is only on PYTHONPATH (the GPU machine), the daemon needs it too."""
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+
+
 def as_user(user: str, code: str, timeout: float = 60) -> dict[str, Any]:
     """Run Python ``code`` as ``user`` (the venv's interpreter); it prints one JSON line."""
     out = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=timeout, env={"PATH": CLEAN_PATH, "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8"})
+                         timeout=timeout, env={"PATH": CLEAN_PATH, "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8",
+                                               **_pythonpath()})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -113,13 +119,19 @@ class Daemon:
                     pass
 
 
+def daemon_command() -> list[str]:
+    """The installed console script, or the module where the package is only on PYTHONPATH (the GPU machine)."""
+    script = VENV_BIN / "gpucr-daemon"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jupyter_gpucr.daemon.server"]
+
+
 def start_daemon(root: Path) -> Daemon:
     sock_dir = root / "run"
     sock_dir.mkdir(mode=0o755)
     log = root / "daemon.log"
-    proc = subprocess.Popen([str(VENV_BIN / "gpucr-daemon"), "--socket", str(sock_dir / "daemon.sock"), "--state-dir",
+    proc = subprocess.Popen([*daemon_command(), "--socket", str(sock_dir / "daemon.sock"), "--state-dir",
                              str(root / "state")], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            env={"PATH": CLEAN_PATH, "LANG": "C.UTF-8"})
+                            env={"PATH": CLEAN_PATH, "LANG": "C.UTF-8", **_pythonpath()})
     wait_until("the daemon socket", lambda: (sock_dir / "daemon.sock").exists() or proc.poll() is not None, 30, 0.1)
     assert proc.poll() is None, log.read_text()
     return Daemon(sock_dir / "daemon.sock", root / "state", proc, log)

@@ -33,7 +33,7 @@ def on_gpu(pid: int) -> bool:
 
 
 async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp):
-    svc = jp_serverapp.kernel_manager.gpucr
+    svc = jp_serverapp.kernel_manager.suspender
     kid = (await new_session(jp_fetch, "gpu.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
     _, out, _ = await execute(ws, SETUP, timeout=300)
@@ -42,14 +42,14 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
     pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
     assert on_gpu(pid)
 
-    svc.config.trim_before_suspend = False
+    svc.options.trim_before_suspend = False
     untrimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert not on_gpu(pid), "the GPU must be free while the kernel is suspended"
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)))")
     assert out.split()[-1] == checksum
 
-    svc.config.trim_before_suspend = True
+    svc.options.trim_before_suspend = True
     trimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert trimmed["trim"]["reserved_after"] < trimmed["trim"]["reserved_before"]
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
