@@ -26,6 +26,15 @@ FIND_GRACE = 5.0
 TAIL_LINES = 12
 
 
+class ExitedAtStart(EngineError):
+    """The command started and exited before it could be tracked. ``popen`` is the (reaped) holder:
+    a caller that treats this as a start followed by an exit, as jupyter_client does, keeps it."""
+
+    def __init__(self, message: str, hint: str, popen: subprocess.Popen) -> None:
+        super().__init__(message, hint)
+        self.popen = popen
+
+
 @dataclass(frozen=True)
 class Started:
     """A process running inside its own namespaces."""
@@ -135,7 +144,7 @@ def _command(holder_args: list[str]) -> list[str]:
     return holder_args[holder_args.index("--") + 1:] if "--" in holder_args else []
 
 
-def _exited_at_start(popen: subprocess.Popen, holder_args: list[str], stderr_log: Path | None, start: int) -> EngineError:
+def _exited_at_start(popen: subprocess.Popen, holder_args: list[str], stderr_log: Path | None, start: int) -> ExitedAtStart:
     """Take the namespace down (leftover children included) and say what died and why,
     with what it wrote to stderr during this start."""
     code = popen.poll()
@@ -145,10 +154,11 @@ def _exited_at_start(popen: subprocess.Popen, holder_args: list[str], stderr_log
     what = shlex.join(_command(holder_args)) if holder_args[:1] == ["run"] else "The restored process"
     how = f" with code {code}" if code is not None else ""
     tail = _tail_of(stderr_log, start)
-    return EngineError(
+    return ExitedAtStart(
         f"{what} exited{how} right after it started.{tail}",
         f"Its whole output is in {stderr_log}. Check the command, its working directory and its environment."
         if tail else "It wrote nothing to stderr. Check the command, its working directory and its environment.",
+        popen,
     )
 
 

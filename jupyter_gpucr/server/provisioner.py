@@ -18,7 +18,7 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 
 from ..core.checkpointer import Checkpointer
-from ..core.launcher import Started
+from ..core.launcher import ExitedAtStart, Started
 from ..core.procs import is_alive, namespace_init
 
 # What poll() reports for a kernel that exited while processes it left still run in its namespace.
@@ -49,11 +49,26 @@ class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
         env = kwargs.get("env") or os.environ.copy()
         cwd = kwargs.get("cwd") or os.getcwd()
         cmd = self._private_history(cmd)
-        running = await asyncio.to_thread(
-            self.checkpointer.run, self.kernel_id, cmd, cwd=str(cwd), env=env, detach=False)
-        self.adopt(running.started)
         self.cwd = cwd
+        try:
+            running = await asyncio.to_thread(
+                self.checkpointer.run, self.kernel_id, cmd, cwd=str(cwd), env=env, detach=False)
+        except ExitedAtStart as e:
+            self._exited(e)
+        else:
+            self.adopt(running.started)
         return self.connection_info
+
+    def _exited(self, e: ExitedAtStart) -> None:
+        """A kernel that started and exited at once is, as with jupyter_client's own launcher, a
+        started kernel that died: is_alive() says so and the restarter takes over. A command that
+        could not start at all raises instead."""
+        self.log.warning("gpucr: kernel %s: %s %s", self.kernel_id, e.message, e.hint)
+        self.process = e.popen
+        self.pid = e.popen.pid
+        self.kernel_pid = None
+        self.pgid = None
+        self.suspended = False
 
     def _private_history(self, cmd: list[str]) -> list[str]:
         """Give an IPython kernel its own history database in its store directory.
