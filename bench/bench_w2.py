@@ -1,0 +1,281 @@
+"""Issue 11's "W2" notebook through the real server, side by side with the raw driver + CRIU path.
+
+    python bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2 [--rounds 2] [--json-out FILE]
+    python bench/bench_w2.py --kind cpu ...            # the 2 GB numpy/pandas kernel
+
+A jupyter server with gpucr runs as a separate process; the kernel builds the W2 state
+(bench/w2_workload.py). Each round: REST suspend (GPU free as seen by NVML, suspend complete over
+HTTP, image versus live bytes), then the user's cell over the websocket (resume to first result),
+then the same cell warm; the cell's digest must equal the first one. Then a cold start (a fresh kernel:
+setup + cell), and the raw path: the same workload in a plain process, driver lock + checkpoint +
+``criu dump``, ``criu restore`` + driver restore + unlock, then the cell. Prints a table and JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import websocket  # websocket-client, a jupyter_server dependency
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from w2_workload import code  # noqa: E402
+
+from jupyter_gpucr.core import criu as criu_engine  # noqa: E402
+from jupyter_gpucr.core import cuda, gpus  # noqa: E402
+from jupyter_gpucr.core.store import dir_size  # noqa: E402
+
+TOKEN = "bench-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A jupyter server with gpucr, driven over REST and the kernel websocket."""
+
+    def __init__(self, root: Path, store: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
+             "--allow-root", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}",
+             "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}", f"--GPUCR.store={store}"],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                self.rest("api/status")
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"the server did not start; see {log}")
+
+    def rest(self, path: str, method: str = "GET", body: object = None) -> object:
+        req = urllib.request.Request(f"{self.url}/{path}", method=method, headers={"Authorization": f"token {TOKEN}"},
+                                     data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(req, timeout=3600) as resp:
+            data = resp.read()
+        return json.loads(data) if data else None
+
+    def kernel(self, path: str) -> tuple[str, websocket.WebSocket]:
+        session = self.rest("api/sessions", "POST", {"path": path, "type": "notebook", "name": path,
+                                                     "kernel": {"name": "python3"}})
+        kid = session["kernel"]["id"]
+        ws = websocket.create_connection(f"ws://127.0.0.1:{self.port}/api/kernels/{kid}/channels?session_id={uuid.uuid4()}",
+                                         header=[f"Authorization: token {TOKEN}"], timeout=3600)
+        return kid, ws
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(600)
+
+
+def run_cell(ws: websocket.WebSocket, source: str) -> str:
+    """Execute ``source`` as JupyterLab does; its stdout once the reply and idle arrived."""
+    msg_id = uuid.uuid4().hex
+    ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "bench", "session": "b",
+                                   "version": "5.3", "date": ""}, "parent_header": {}, "metadata": {}, "channel": "shell",
+                        "content": {"code": source, "silent": False, "store_history": True, "user_expressions": {},
+                                    "allow_stdin": False, "stop_on_error": True}}))
+    out, reply, idle = [], None, False
+    while reply is None or not idle:
+        msg = json.loads(ws.recv())
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        kind = msg["header"]["msg_type"]
+        if kind == "stream":
+            out.append(msg["content"]["text"])
+        elif kind == "error":
+            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+        elif kind == "execute_reply":
+            reply = msg
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+    return "".join(out).strip()
+
+
+class GpuFreeWatch:
+    """When NVML stops listing any compute process on any GPU (the kernel is the only GPU user)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.freed_after: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not any(g.processes for g in gpus.list_gpus()):
+                self.freed_after = time.perf_counter() - self.t0
+                return
+            time.sleep(0.01)
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        self._thread.join()
+        return self.freed_after
+
+
+def kernel_rss(kernel_id: str) -> int:
+    """Host memory of the kernel's process tree (its holder's command line names the kernel)."""
+    for p in psutil.process_iter(["cmdline"]):
+        if kernel_id in " ".join(p.info["cmdline"] or []):
+            return sum(c.memory_info().rss for c in [p, *p.children(recursive=True)])
+    return 0
+
+
+def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], float]:
+    setup, cell = code(kind)
+    kid, ws = server.kernel("w2.ipynb")
+    t0 = time.perf_counter()
+    run_cell(ws, setup)
+    reference = run_cell(ws, cell)
+    cold = time.perf_counter() - t0
+    rows = []
+    for i in range(rounds):
+        rss = kernel_rss(kid)
+        watch = GpuFreeWatch() if kind == "gpu" else None
+        t0 = time.perf_counter()
+        st = server.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+        suspend_s = time.perf_counter() - t0
+        gpu_free = watch.stop() if watch else None
+        live = (st.get("trim") or {}).get("live_bytes", 0) + rss
+        t0 = time.perf_counter()
+        digest = run_cell(ws, cell)
+        resume_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        warm_digest = run_cell(ws, cell)
+        warm_s = time.perf_counter() - t0
+        rows.append({"round": i + 1, "gpu_free_s": gpu_free, "suspend_s": suspend_s, "image_bytes": st["checkpoint"]["size"],
+                     "live_bytes": live, "resume_first_result_s": resume_s, "warm_cell_s": warm_s,
+                     "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim")})
+    ws.close()
+    server.rest(f"api/kernels/{kid}", "DELETE")
+    return rows, cold
+
+
+RAW_AGENT = """
+import json, socket, sys
+{setup}
+def run_cell():
+    import io, contextlib
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile({cell!r}, "cell", "exec"), globals())
+    return buf.getvalue().strip()
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
+print(json.dumps({{"port": server.getsockname()[1], "digest": run_cell()}}), flush=True)
+while True:
+    conn, _ = server.accept()
+    conn.sendall(json.dumps({{"digest": run_cell()}}).encode() + b"\\n"); conn.close()
+"""
+
+
+def ask(port: int) -> dict:
+    with socket.create_connection(("127.0.0.1", port), timeout=600) as s:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+def raw_round(store: Path, kind: str) -> dict:
+    """The same workload in a plain process, through the bare driver API and CRIU commands."""
+    setup, cell = code(kind)
+    images, log = store / "raw-images", store / "raw.out"
+    images.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", RAW_AGENT.format(setup=setup, cell=cell)], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not log.read_text().startswith("{"):
+        time.sleep(0.2)
+    hello = json.loads(log.read_text().splitlines()[0])
+    criu = criu_engine.find_criu()
+    opts = ["--shell-job", "--tcp-established", "--network-lock", "nftables"]
+    t0 = time.perf_counter()
+    gpu_free = None
+    if kind == "gpu":
+        cuda.lock(proc.pid, 10_000)
+        cuda.checkpoint(proc.pid)
+        gpu_free = time.perf_counter() - t0
+    subprocess.run([criu, "dump", "-t", str(proc.pid), "-D", str(images), *opts], check=True)
+    suspend_s = time.perf_counter() - t0
+    proc.wait()
+    t0 = time.perf_counter()
+    subprocess.run([criu, "restore", "-D", str(images), "-d", *opts], check=True)
+    if kind == "gpu":
+        cuda.restore(proc.pid)
+        cuda.unlock(proc.pid)
+    digest = ask(hello["port"])["digest"]
+    resume_s = time.perf_counter() - t0
+    size = dir_size(images)
+    subprocess.run(["kill", "-9", str(proc.pid)], check=False)
+    shutil.rmtree(images, ignore_errors=True)
+    return {"gpu_free_s": gpu_free, "suspend_s": suspend_s, "image_bytes": size, "resume_first_result_s": resume_s,
+            "same_result": digest == hello["digest"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", choices=["gpu", "cpu"], default="gpu")
+    ap.add_argument("--store", default=None, help="checkpoint store (default: a temporary directory)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-raw", action="store_true")
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    store = Path(args.store or tempfile.mkdtemp(prefix="gpucr-w2-"))
+    store.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpucr-w2-root-"))
+    cuda.unavailable_reason()
+    server = Server(work, store / "gpucr", work / "server.log")
+    try:
+        rows, cold = gpucr_rounds(server, args.kind, args.rounds)
+    finally:
+        server.stop()
+    raw = None if args.no_raw else raw_round(store, args.kind)
+    fmt = "{:8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>9} {:>6}"
+    print(fmt.format("path", "gpu free s", "suspend s", "image MiB", "live MiB", "resume+cell", "warm s", "same"))
+    for r in rows:
+        print(fmt.format(f"gpucr {r['round']}", _s(r["gpu_free_s"]), _s(r["suspend_s"]), r["image_bytes"] >> 20,
+                         r["live_bytes"] >> 20, _s(r["resume_first_result_s"]), _s(r["warm_cell_s"]), r["same_result"]))
+    if raw:
+        print(fmt.format("raw", _s(raw["gpu_free_s"]), _s(raw["suspend_s"]), raw["image_bytes"] >> 20, "-",
+                         _s(raw["resume_first_result_s"]), "-", raw["same_result"]))
+    best = min(r["resume_first_result_s"] for r in rows)
+    print(f"cold start (fresh kernel: setup + cell) {cold:.2f} s; cold start / resume {cold / best:.1f}x")
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(), "cpus": os.cpu_count(),
+              "kind": args.kind, "store": str(store), "gpus": [g.name for g in gpus.list_gpus()], "driver": gpus.driver_version(),
+              "rounds": rows, "raw": raw, "cold_start_s": cold}
+    print(json.dumps(result, indent=2, default=str))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+if __name__ == "__main__":
+    main()
