@@ -82,8 +82,9 @@ def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any
 
 
 def _pythonpath() -> dict[str, str]:
-    """Where the package is only on PYTHONPATH (the GPU machine), the daemon needs it too."""
-    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    """Where the package is only on PYTHONPATH and CRIU only named by GPUCR_CRIU (the GPU machine),
+    the daemon and the users' processes need them too."""
+    return {k: os.environ[k] for k in ("PYTHONPATH", "GPUCR_CRIU") if os.environ.get(k)}
 
 
 def as_user(user: str, code: str, timeout: float = 60) -> dict[str, Any]:
