@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpucr.core import gpus
-from jupyter_gpucr.core import cuda
+from jupyter_gpucr.core import cuda, gpus
 
 from .kernel_ws import execute
 from .test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
@@ -42,16 +41,18 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
     pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
     assert on_gpu(pid)
 
-    svc.options.trim_before_suspend = False
+    svc.options.trim_before_suspend = svc.options.offload_gpu_tensors = False
     untrimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert not on_gpu(pid), "the GPU must be free while the kernel is suspended"
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)))")
     assert out.split()[-1] == checksum
 
-    svc.options.trim_before_suspend = True
+    svc.options.trim_before_suspend = svc.options.offload_gpu_tensors = True
     trimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert trimmed["trim"]["reserved_after"] < trimmed["trim"]["reserved_before"]
+    assert trimmed["trim"]["offload"]["bytes"] >= 2 << 30, trimmed["trim"]  # the 2 GiB tensor went out through pinned buffers
+    assert not on_gpu(pid)
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), torch.cuda.memory_reserved() >> 20)")
     assert out.split()[-2] == checksum

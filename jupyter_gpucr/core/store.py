@@ -385,7 +385,7 @@ class Store:
         rec = read_json(self.procs_root / name / "run.json") or {}
         return rec["pid"] if rec.get("state") == "running" and is_alive(rec.get("pid")) else None
 
-    def trash(self, name: str, reason: str) -> str:
+    def trash(self, name: str, reason: str, details: dict[str, Any] | None = None) -> str:
         """Put every checkpoint of ``name`` and its process directory aside under ``trash/ID``;
         return the trash id. Nothing is deleted: :meth:`untrash` brings it back to the same paths
         (CRIU reopens the process's files by path), :meth:`purge_trash` deletes it later."""
@@ -399,8 +399,8 @@ class Store:
             raise NotFoundError(f"Nothing named {name!r} in {self.root}.", "Run 'gpucr ls' to see the names.")
         tid = new_id(name)
         entry = make_private_dir(self.trash_root / tid)
-        write_json_atomic(entry / TRASH_INFO, {"id": tid, "name": name, "trashed_at": time.time(), "reason": reason,
-                                               "checkpoints": sorted(p.name for p in ckpts)})
+        write_json_atomic(entry / TRASH_INFO, {**(details or {}), "id": tid, "name": name, "trashed_at": time.time(),
+                                               "reason": reason, "checkpoints": sorted(p.name for p in ckpts)})
         make_private_dir(entry / "checkpoints")
         for p in ckpts:  # each move is atomic; an interrupted trash leaves the rest where it was
             os.rename(p, entry / "checkpoints" / p.name)
@@ -421,7 +421,8 @@ class Store:
     def _trash_info(self, entry: Path) -> dict[str, Any]:
         info = read_json(entry / TRASH_INFO) or {}
         return {"id": entry.name, "name": info.get("name") or name_of_id(entry.name),
-                "trashed_at": info.get("trashed_at") or entry.stat().st_mtime, "reason": info.get("reason", "unknown")}
+                "trashed_at": info.get("trashed_at") or entry.stat().st_mtime, "reason": info.get("reason", "unknown"),
+                "notebook_path": info.get("notebook_path")}
 
     def list_trash(self, max_age_s: float | None = None) -> list[dict[str, Any]]:
         """What is in the trash, oldest first, with the kernel it was (from its newest checkpoint)
@@ -439,7 +440,8 @@ class Store:
                 **info, "size": dir_size(entry), "engine": latest.get("engine"),
                 "checkpoints": [m.get("id") for m in manifests], "latest_created": latest.get("created"),
                 "kernel_id": kernel.get("kernel_id"), "kernel_name": kernel.get("kernel_name"),
-                "notebook_path": kernel.get("notebook_path"), "path": str(entry),
+                "notebook_path": info["notebook_path"] or kernel.get("notebook_path"), "path": str(entry),
+                "kind": "gpu" if latest.get("gpu", {}).get("used") else "cpu",
                 "expires_at": info["trashed_at"] + max_age_s if max_age_s is not None else None,
             })
         return sorted(items, key=lambda it: it["trashed_at"])

@@ -93,6 +93,13 @@ class GPUCR(Configurable):
         except ValueError:
             return 0.0
 
+    offload_gpu_tensors = Bool(
+        True, config=True,
+        help="Before a whole-process suspend, have the kernel (gpucr_hooks) write its PyTorch CUDA tensors to "
+        "the store through pinned buffers and free them, so the GPU is free sooner and the driver and CRIU "
+        "handle only the rest; they are refilled right after the restore. Off for code that keeps raw device "
+        "pointers (CUDA graphs).",
+    )
     checkpointable_kernels = Bool(
         True, config=True,
         help="Launch kernels through the gpucr provisioner (own PID namespace, own log files) so that "

@@ -30,6 +30,8 @@ Progress = Callable[[str, int, int], None]
 Detach = Callable[[], Awaitable[None]]
 
 SNAPSHOT_PAYLOAD = "snapshot"
+#: Where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
+OFFLOAD_FILE = "gpu-tensors.bin"
 
 
 @dataclass
@@ -102,7 +104,24 @@ class CriuEngine(SuspendEngine):
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
         km.provisioner.adopt(running.started)
+        if (self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_FILE).exists():
+            await self._refill(kernel_id, km, running.timings, progress)
         return Resumed(running.timings)
+
+    async def _refill(self, kernel_id: str, km: Any, timings: dict[str, float], progress: Progress) -> None:
+        """Tensors the kernel moved out before the suspend go back to the GPU before any cell runs;
+        a kernel that cannot take them back is stopped again (its checkpoint is kept)."""
+        progress("gpu-restore", 0, 0)
+        t0 = time.perf_counter()
+        try:
+            await kernel_rpc.with_client(km, kernel_rpc.reload)
+        except kernel_rpc.SnapshotError as e:
+            await km.provisioner.kill()
+            km.provisioner.mark_suspended()
+            raise EngineError(f"The restored kernel could not take its GPU tensors back: {e}",
+                              "The checkpoint is kept; free GPU memory and retry.") from e
+        timings["refill"] = time.perf_counter() - t0
+        timings["total"] = timings.get("total", 0) + timings["refill"]
 
 
 class SnapshotEngine(SuspendEngine):

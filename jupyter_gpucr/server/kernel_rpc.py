@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["SnapshotError", "load", "prepare_suspend", "save", "saved_replies", "with_client"]
+__all__ = ["SnapshotError", "load", "offload", "prepare_suspend", "reload", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -94,6 +94,17 @@ async def load(client: Any, path: str | os.PathLike[str], device: str | Mapping[
 async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[str, Any]:
     """Collect garbage and release allocator caches in the kernel; returns its memory report."""
     return await _call(client, "prepare_suspend", {}, timeout)
+
+
+async def offload(client: Any, path: str | os.PathLike[str], timeout: float | None = 600.0) -> dict[str, Any]:
+    """Move the kernel's CUDA tensors into the file ``path`` and free their GPU memory
+    (``gpucr_hooks.offload_tensors``); returns the bytes and storages moved."""
+    return await _call(client, "offload_tensors", {"path": os.path.abspath(path)}, timeout)
+
+
+async def reload(client: Any, timeout: float | None = 600.0) -> dict[str, Any]:
+    """Put offloaded tensors back on the GPU (after a restore, or a suspend that failed)."""
+    return await _call(client, "reload_tensors", {}, timeout)
 
 
 async def _call(client: Any, hook: str, arguments: dict[str, Any], timeout: float | None) -> Any:

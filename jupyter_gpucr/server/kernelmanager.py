@@ -52,7 +52,7 @@ class GPUCRKernelManager(ServerKernelManager):
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         async with self.suspender.operation(self.kernel_id):
             if self.parent.lifecycle.is_on_disk(self.kernel_id):
-                self.suspender.shelve(self.kernel_id, "restart" if restart else "shutdown")
+                await self.suspender.shelve(self.kernel_id, "restart" if restart else "shutdown")
                 self.provisioner.suspended = False
                 self.provisioner.process = None
                 await self._async_cleanup_resources(restart=restart)
@@ -74,7 +74,7 @@ class GPUCRKernelManager(ServerKernelManager):
     async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:
         async with self.suspender.operation(self.kernel_id):
             if self.parent.lifecycle.is_on_disk(self.kernel_id):  # the user asked for a fresh kernel
-                self.suspender.shelve(self.kernel_id, "restart")
+                await self.suspender.shelve(self.kernel_id, "restart")
                 self.provisioner.suspended = False
                 self.provisioner.process = None
             else:

@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -27,7 +28,7 @@ from . import kernel_rpc
 from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
 from .dormant import Saved
-from .engines import CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
+from .engines import OFFLOAD_FILE, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState
 from .provisioner import GPUCRProvisioner
 
@@ -156,6 +157,7 @@ class KernelSuspender:
     async def _suspend_now(self, kernel_id: str, reason: str, engine_name: str | None) -> KernelState:
         km = self._kernel(kernel_id)
         st = self.lifecycle.get(kernel_id)
+        st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path  # events name it as it is now
         if st.state not in (RUNNING, PENDING):
             raise StateError(f"{await self._display_name(kernel_id)} is already {st.state}.",
                              "It is on disk already." if st.state == SUSPENDED else "Wait until it is running again.")
@@ -179,12 +181,14 @@ class KernelSuspender:
         try:
             if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
                 raise await self._busy_error(kernel_id)
-            saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu")
+            offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_FILE if engine.name == "criu" else None
+            saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
             self._saved[kernel_id] = saved
-            extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why}
+            extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why,
+                     "offload": (trim or {}).get("offload")}
             ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), detach)
         except BaseException as e:
-            await self._put_back(kernel_id, detached)
+            await self._put_back(kernel_id, detached, km)
             err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
             self.lifecycle.transition(kernel_id, RUNNING, "failed", error=err.message, hint=err.hint)
             raise err from (None if err is e else e)
@@ -197,8 +201,14 @@ class KernelSuspender:
                       ckpt.size >> 20, st.timings.get("total", 0))
         return st
 
-    async def _put_back(self, kernel_id: str, detached: bool) -> None:
-        """A suspend failed and the kernel runs: reconnect the server and deliver held messages."""
+    async def _put_back(self, kernel_id: str, detached: bool, km: Any) -> None:
+        """A suspend failed and the kernel runs: refill tensors it had offloaded, reconnect the
+        server and deliver held messages."""
+        if (self.store.proc_dir(kernel_id) / OFFLOAD_FILE).exists():
+            try:
+                await kernel_rpc.with_client(km, kernel_rpc.reload)
+            except Exception as e:
+                self.log.error("gpucr: kernel %s could not take its GPU tensors back after a failed suspend: %s", kernel_id, e)
         if detached:
             await self.kernel_manager.reattach_kernel(kernel_id)
         else:
@@ -256,17 +266,20 @@ class KernelSuspender:
             return None
         return self.lifecycle.transition(kernel_id, RUNNING, "cancelled")
 
-    async def _prepare_kernel(self, km: Any, trim: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """Save the replies a suspended kernel answers from disk, and have it trim itself.
-        Neither may block a suspend, so failures only log."""
+    async def _prepare_kernel(self, km: Any, trim: bool, offload_to: Path | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Save the replies a suspended kernel answers from disk, have it trim itself and move
+        its GPU tensors out. None of these may block a suspend (the driver checkpoint takes
+        whatever stays on the GPU), so failures only log."""
         client = km.client()
         client.start_channels()
         saved: dict[str, Any] = {}
-        report = None
+        report: dict[str, Any] | None = None
         try:
             saved = await kernel_rpc.saved_replies(client)
             if trim and self.options.trim_before_suspend:
                 report = await kernel_rpc.prepare_suspend(client, timeout=60)
+            if offload_to is not None and self.options.offload_gpu_tensors:
+                report = {**(report or {}), "offload": await kernel_rpc.offload(client, offload_to)}
         except Exception as e:
             self.log.warning("gpucr: kernel did not answer before the suspend: %s", e)
         finally:
@@ -326,6 +339,7 @@ class KernelSuspender:
             if st.state != SUSPENDED:
                 return st
             suspended_at = st.suspended_at or time.time()
+            st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
             self.lifecycle.transition(kernel_id, RESTORING, "restoring", error=None, hint=None)
             try:
                 ckpt = self._latest(kernel_id)
@@ -352,20 +366,22 @@ class KernelSuspender:
         return ckpt
 
     # -- shutdown, restart and the trash -----------------------------------------------------
-    def shelve(self, kernel_id: str, reason: str) -> None:
+    async def shelve(self, kernel_id: str, reason: str) -> None:
         """The user shut down or restarted a kernel that is on disk: keep its checkpoint in
         the trash (not when the server stops: then it stays listed for the next start)."""
+        restored_at = self.lifecycle.get(kernel_id).restored_at
+        path = await self._notebook_path(kernel_id) or self.lifecycle.get(kernel_id).notebook_path
         self.lifecycle.forget(kernel_id)
         self._saved.pop(kernel_id, None)
         if self.stopping:
             return
-        trash_id = self.store.trash(kernel_id, reason)
-        if reason == "restart":  # the fresh kernel's state says so, for whoever looks next
-            self.lifecycle.transition(kernel_id, RUNNING, "done", warnings=[
-                f"Restarted fresh: the variables of the suspended kernel are gone from it; its saved state is in "
-                f"the trash ({trash_id}) for {self.options.trash_hours:g} h."])
+        trash_id = self.store.trash(kernel_id, reason, {"notebook_path": path})
         self.log.info("gpucr: the saved state of kernel %s is in the trash as %s for %s h (%s)", kernel_id, trash_id,
                       self.options.trash_hours, reason)
+        if reason == "restart":  # the fresh kernel's state says so, for whoever looks next
+            self.lifecycle.transition(kernel_id, RUNNING, "done", restored_at=restored_at, notebook_path=path, warnings=[
+                f"Restarted fresh: the variables of the suspended kernel are gone from it; its saved state is in "
+                f"the trash ({trash_id}) for {self.options.trash_hours:g} h."])
 
     def discard(self, kernel_id: str) -> None:
         """A running kernel was shut down: its checkpoints are stale, and hold its memory."""

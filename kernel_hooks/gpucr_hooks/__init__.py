@@ -9,9 +9,10 @@ notebook already has.
 from __future__ import annotations
 
 from . import _rpc
+from .offload import offload_tensors, reload_tensors
 from .snapshot import snapshot_load, snapshot_save
 from .trim import prepare_suspend
 
-__all__ = ["prepare_suspend", "snapshot_load", "snapshot_save"]
+__all__ = ["offload_tensors", "prepare_suspend", "reload_tensors", "snapshot_load", "snapshot_save"]
 
-_rpc.register(prepare_suspend, snapshot_save, snapshot_load)
+_rpc.register(prepare_suspend, offload_tensors, reload_tensors, snapshot_save, snapshot_load)
