@@ -165,7 +165,9 @@ def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], fl
         t0 = time.perf_counter()
         warm_digest = run_cell(ws, cell)
         warm_s = time.perf_counter() - t0
-        rows.append({"round": i + 1, "gpu_free_s": gpu_free, "suspend_s": suspend_s, "image_bytes": st["checkpoint"]["size"],
+        offloaded = ((st.get("trim") or {}).get("offload") or {}).get("bytes", 0)  # tensors written beside the image
+        rows.append({"round": i + 1, "gpu_free_s": gpu_free, "suspend_s": suspend_s,
+                     "image_bytes": st["checkpoint"]["size"] + offloaded, "offloaded_bytes": offloaded,
                      "live_bytes": live, "resume_first_result_s": resume_s, "warm_cell_s": warm_s,
                      "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim")})
     ws.close()
