@@ -40,7 +40,7 @@ from .errors import (
 from .launcher import HOLDER, Started, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
-from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, name_of_id, read_json
+from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, name_of_id, private_files, read_json
 
 Progress = Callable[[str, int, int], None]
 
@@ -121,6 +121,7 @@ class Checkpointer:
         d = self.store.proc_dir(name)
         with exclusive(d, name, "start"):
             self._refuse_if_running(name)
+            private_files(d, "stdout.log", "stderr.log", "holder.log")
             started = start_holder(
                 ["run", f"--stdout={d / 'stdout.log'}", f"--stderr={d / 'stderr.log'}",
                  f"--cwd={cwd or os.getcwd()}", "--", *command],

@@ -110,6 +110,15 @@ def fsync_tree(root: Path) -> None:
         fsync_path(dirpath)
 
 
+def private_files(directory: Path, *names: str) -> None:
+    """Create (or make) these files 0600 before a process opens them: its output and databases
+    hold its data, and CRIU checks their modes at restore, so they must never change later."""
+    for name in names:
+        path = directory / name
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)
+
+
 def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 

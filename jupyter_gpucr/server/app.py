@@ -19,6 +19,7 @@ from .config import GPUCR
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .lifecycle import RUNNING
+from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
 
 KM_CLASS = f"{GPUCRMappingKernelManager.__module__}.{GPUCRMappingKernelManager.__name__}"
@@ -27,6 +28,8 @@ KM_CLASS = f"{GPUCRMappingKernelManager.__module__}.{GPUCRMappingKernelManager._
 class GPUCRApp(ExtensionApp):
     name = "jupyter_gpucr"
     description = "Suspend Jupyter kernels to disk and restore them on demand."
+    _idle_checker: PeriodicCallback | None = None
+    service: KernelSuspender | None = None  # None when the server was refused before gpucr loaded
 
     def _link_jupyter_server_extension(self, serverapp: Any) -> None:
         """Install the kernel manager and websocket classes before the server creates them.
@@ -60,7 +63,6 @@ class GPUCRApp(ExtensionApp):
                          "Remove the other ServerApp.kernel_manager_class setting, or disable gpucr.")
         self.service = km.suspender
         self.settings["gpucr"] = self.service
-        self._idle_checker: PeriodicCallback | None = None
 
     def _refuse(self, message: str, hint: str) -> None:
         """Stop the server rather than run kernels gpucr cannot see (a silent half-install)."""
@@ -124,6 +126,8 @@ class GPUCRApp(ExtensionApp):
         """Runs before jupyter_server shuts kernels down: suspend them all first."""
         if self._idle_checker:
             self._idle_checker.stop()
+        if self.service is None:
+            return
         self.service.stopping = True
         if not self.service.options.suspend_on_stop:
             return

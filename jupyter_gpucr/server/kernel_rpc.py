@@ -57,8 +57,9 @@ async def saved_replies(client: Any, timeout: float = 10.0) -> dict[str, Any]:
     when they connect (kernel_info, comm_info, the debugger's debugInfo). A kernel that cannot
     answer one (no debugger) simply has no saved reply for it."""
     out: dict[str, Any] = {}
-    out["kernel_info"] = (await client.kernel_info(reply=True, timeout=timeout))["content"]
-    out["comm_info"] = (await client.comm_info(reply=True, timeout=timeout))["content"]
+    # _reply, not reply=True: it notices a kernel that died instead of waiting out the timeout
+    out["kernel_info"] = (await _reply(client, client.kernel_info(), "kernel_info", timeout))["content"]
+    out["comm_info"] = (await _reply(client, client.comm_info(), "comm_info", timeout))["content"]
     info = out["kernel_info"]
     if info.get("debugger") or "debugger" in info.get("supported_features", []):
         msg = client.session.msg("debug_request", {"type": "request", "seq": 1, "command": "debugInfo"})

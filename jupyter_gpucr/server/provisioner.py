@@ -20,6 +20,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from ..core.checkpointer import Checkpointer
 from ..core.launcher import ExitedAtStart, Started
 from ..core.procs import is_alive, namespace_init
+from ..core.store import private_files
 
 # What poll() reports for a kernel that exited while processes it left still run in its namespace.
 KERNEL_GONE = 1
@@ -79,8 +80,9 @@ class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
         """
         if not any("ipykernel" in part for part in cmd) or any("HistoryManager.hist_file" in p for p in cmd):
             return cmd
-        history = self.checkpointer.store.proc_dir(self.kernel_id) / "history.sqlite"
-        return [*cmd, f"--HistoryManager.hist_file={history}"]
+        directory = self.checkpointer.store.proc_dir(self.kernel_id)
+        private_files(directory, "history.sqlite")  # SQLite takes an empty file as an empty database
+        return [*cmd, f"--HistoryManager.hist_file={directory / 'history.sqlite'}"]
 
     def adopt(self, started: Started | None) -> None:
         """Track a (re)started kernel: the holder's Popen for reaping, the kernel's PID and process
