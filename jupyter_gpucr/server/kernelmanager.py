@@ -153,14 +153,16 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         km._close_control_socket()
         await asyncio.sleep(0.1)  # let ZeroMQ send the FINs before the dump freezes the kernel
 
-    async def reattach_kernel(self, kernel_id: str) -> None:
-        """The kernel runs again (restored, or the suspend failed after detaching)."""
+    async def reattach_kernel(self, kernel_id: str, wake: bool = True) -> None:
+        """The kernel runs again (restored, or the suspend failed after detaching); ``wake``
+        reconnects the open websockets too (waiting for the kernel to answer them)."""
         km = self.get_kernel(kernel_id)
         if km._control_socket is None:  # private as above
             km._connect_control_socket()
         self.start_watching_activity(kernel_id)
         km.start_restarter()
-        await self.wake_connections(kernel_id)
+        if wake:
+            await self.wake_connections(kernel_id)
 
     async def wake_connections(self, kernel_id: str) -> None:
         for conn in self.connections_of(kernel_id):

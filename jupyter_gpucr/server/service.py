@@ -71,6 +71,7 @@ class KernelSuspender:
         self._locks: dict[str, asyncio.Lock] = {}
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
         self._pending: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self.stopping = False
 
     @property
@@ -183,6 +184,9 @@ class KernelSuspender:
                 raise await self._busy_error(kernel_id)
             offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_FILE if engine.name == "criu" else None
             saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
+            if not await km.is_alive():
+                raise StateError(f"{await self._display_name(kernel_id)} exited while it was being suspended.",
+                                 "Restart the kernel.")
             self._saved[kernel_id] = saved
             extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why,
                      "offload": (trim or {}).get("offload")}
@@ -210,9 +214,12 @@ class KernelSuspender:
             except Exception as e:
                 self.log.error("gpucr: kernel %s could not take its GPU tensors back after a failed suspend: %s", kernel_id, e)
         if detached:
-            await self.kernel_manager.reattach_kernel(kernel_id)
-        else:
-            await self.kernel_manager.wake_connections(kernel_id)
+            await self.kernel_manager.reattach_kernel(kernel_id, wake=False)
+        # In the background: a kernel that died meanwhile would hold the error up until the
+        # websocket gives up on it, while the restarter takes over.
+        task = asyncio.ensure_future(self.kernel_manager.wake_connections(kernel_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _busy_after(self, km: Any, seconds: float) -> bool:
         """Whether the kernel is still busy after ``seconds`` (a completion request passes)."""
