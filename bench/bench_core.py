@@ -21,8 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_gpucr import Checkpointer  # noqa: E402
-from jupyter_gpucr.core import gpus  # noqa: E402
-from jupyter_gpucr.core import criu as criu_engine, cuda  # noqa: E402
+from jupyter_gpucr.core import criu as criu_engine  # noqa: E402
+from jupyter_gpucr.core import (
+    cuda,
+    gpus,  # noqa: E402
+)
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
 from tests.conftest import agent_command, ask, wait_for_line  # noqa: E402
 

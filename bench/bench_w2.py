@@ -162,6 +162,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], fl
         t0 = time.perf_counter()
         digest = run_cell(ws, cell)
         resume_s = time.perf_counter() - t0
+        restored = server.rest(f"api/gpucr/kernels/{kid}")
         t0 = time.perf_counter()
         warm_digest = run_cell(ws, cell)
         warm_s = time.perf_counter() - t0
@@ -169,7 +170,8 @@ def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], fl
         rows.append({"round": i + 1, "gpu_free_s": gpu_free, "suspend_s": suspend_s,
                      "image_bytes": st["checkpoint"]["size"] + offloaded, "offloaded_bytes": offloaded,
                      "live_bytes": live, "resume_first_result_s": resume_s, "warm_cell_s": warm_s,
-                     "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim")})
+                     "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim"),
+                     "restore_timings": restored["timings"]})
     ws.close()
     server.rest(f"api/kernels/{kid}", "DELETE")
     return rows, cold

@@ -8,6 +8,10 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 bash scripts/setup.sh || exit 1
 rc=0
+# Lint and types first: cheap, and a failure here fails the run like a failed test.
+echo "test: ruff and mypy"
+.venv/bin/ruff check jupyter_gpucr tests bench kernel_hooks || rc=1
+.venv/bin/mypy || rc=1
 # tests/peer holds jupyter_client's and jupyter_server's own tests; they run below, on their own.
 .venv/bin/python -m pytest tests --ignore=tests/peer -p no:cacheprovider -q "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -10,8 +10,7 @@ import time
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.core import gpus
-from jupyter_gpucr.core import cuda
+from jupyter_gpucr.core import cuda, gpus
 
 from .conftest import agent_command, ask, criu_or_skip, wait_for_line
 

@@ -18,9 +18,10 @@ from .install_criu import install
 from .server_client import call, find_server
 
 
-def _size(n: int | None) -> str:
-    if not n:
+def _size(size: int | None) -> str:
+    if not size:
         return "-"
+    n = float(size)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -79,17 +80,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print_ls(items: list[dict[str, Any]]) -> None:
+def _ls_text(items: list[dict[str, Any]]) -> str:
     if not items:
-        print("Nothing here yet. Start a process with: gpucr run --name NAME -- CMD")
-        return
-    print(f"{'NAME':24} {'STATE':13} {'PID':>8} {'CHECKPOINT':40} {'SIZE':>10} CREATED")
+        return "Nothing here yet. Start a process with: gpucr run --name NAME -- CMD"
+    lines = [f"{'NAME':24} {'STATE':13} {'PID':>8} {'CHECKPOINT':40} {'SIZE':>10} CREATED"]
     for it in items:
         latest = it.get("latest") or {}
-        print(f"{it['name']:24} {it['state']:13} {it.get('pid') or '-':>8} {latest.get('id', '-'):40} "
-              f"{_size(latest.get('size')):>10} {_when(latest.get('created'))}")
-        for problem in it.get("damaged", []):
-            print(f"  damaged: {problem}")
+        lines.append(f"{it['name']:24} {it['state']:13} {it.get('pid') or '-':>8} {latest.get('id', '-'):40} "
+                     f"{_size(latest.get('size')):>10} {_when(latest.get('created'))}")
+        lines.extend(f"  damaged: {problem}" for problem in it.get("damaged", []))
+    return "\n".join(lines)
 
 
 def _trash_lines(items: list[dict[str, Any]]) -> str:
@@ -131,7 +131,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return r.record | {"timings": r.timings}, f"Restored {r.name!r} as PID {r.pid}{where} in {r.timings['total']:.2f} s."
     if args.cmd == "ls":
         items = cr.list()
-        return items, items
+        return items, _ls_text(items)
     if args.cmd == "rm":
         removed = cr.remove(args.target, kill=args.kill)
         return {"removed": removed}, f"Removed {args.target!r} ({len(removed)} checkpoint(s))."
@@ -188,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.json:
         print(json.dumps(data, indent=2, default=str))
-    elif args.cmd == "ls":
-        _print_ls(human)
     else:
         print(human)
     if args.cmd == "doctor":

@@ -7,6 +7,7 @@ the checkpoint on any failure.
 """
 from __future__ import annotations
 
+import builtins
 import getpass
 import os
 import platform
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -180,7 +181,7 @@ class Checkpointer:
             if rec.get("state") != "running" or not is_alive(pid):
                 raise StateError(f"{name!r} is not running (state: {self._state(rec)}).",
                                  f"Restore it with 'gpucr restore {name}'." if rec.get("checkpoint") else "")
-            return self._checkpoint_locked(name, rec, pid, leave_running, reason, extra or {}, progress)
+            return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress)
 
     def _checkpoint_locked(self, name: str, rec: dict[str, Any], pid: int, leave_running: bool, reason: str,
                            extra: dict[str, Any], progress: Progress) -> Checkpoint:
@@ -231,8 +232,8 @@ class Checkpointer:
             files = digests.result()
             timings["checksum"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
-            manifest = {**intent, "created": time.time(), "size": sum(f["size"] for f in files.values()), "files": files,
-                        "timings": timings}
+            manifest = {**intent, "created": time.time(), "size": sum(int(f["size"]) for f in files.values()),
+                        "files": files, "timings": timings}
             ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
         except BaseException as e:
             if leave_running:
@@ -395,7 +396,7 @@ class Checkpointer:
                     raise EngineError("A restored CUDA process is missing.")
                 cuda.restore(p, gpu_map or None)
             for p in host_pids:
-                cuda.unlock(p)
+                cuda.unlock(p)  # type: ignore[arg-type]  # None was refused in the loop above
         except GPUCRError as e:
             os.kill(started.pid, signal.SIGKILL)
             e.message += " The restored process was stopped; the checkpoint is kept."
@@ -469,7 +470,7 @@ class Checkpointer:
         ns_pids = {rec.get("ns_pid"), (rec.get("restoring") or {}).get("ns_pid")} - {None}
         for holder, _mode in self._holders(name):
             for ns_pid in ns_pids:
-                pid = find_descendant_by_ns_pid(holder, ns_pid)
+                pid = find_descendant_by_ns_pid(holder, cast(int, ns_pid))
                 if pid:
                     return pid
         pid = rec.get("pid")
@@ -642,7 +643,7 @@ class Checkpointer:
     def list(self) -> list[dict[str, Any]]:
         return [self.status(n) for n in self.store.proc_names()]
 
-    def remove(self, target: str, kill: bool = False) -> list[str]:
+    def remove(self, target: str, kill: bool = False) -> builtins.list[str]:
         """Remove a checkpoint id, or a name with all its checkpoints (a running one only with ``kill``)."""
         if not (self.store.procs_root / target / "run.json").exists() and (self.store.checkpoints_root / target).exists():
             self.store.delete(target)

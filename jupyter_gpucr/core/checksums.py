@@ -72,7 +72,7 @@ class DigestWhileWriting:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "DigestWhileWriting":
+    def __enter__(self) -> DigestWhileWriting:
         self._thread.start()
         return self
 

@@ -90,7 +90,7 @@ def start_holder(
             close_fds=True,
         )
     finally:
-        if log_path:
+        if not isinstance(log, int):
             log.close()
     status = _await_status(popen, status_path, timeout, log_path, log_start)
     if not status.get("ok"):

@@ -9,6 +9,7 @@ the trash and relisting after a server restart work on it unchanged. Deleting a 
 """
 from __future__ import annotations
 
+import builtins
 import os
 import socket
 import subprocess
@@ -211,7 +212,7 @@ class DaemonCheckpointer:
         self._sync(result)
         return result["status"]
 
-    def remove(self, target: str, kill: bool = False) -> list[str]:
+    def remove(self, target: str, kill: bool = False) -> builtins.list[str]:
         try:
             removed = self.client.call("remove", target=target, kill=kill)["removed"]
         except NotFoundError:

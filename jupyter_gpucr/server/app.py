@@ -122,7 +122,7 @@ class GPUCRApp(ExtensionApp):
                 except GPUCRError as e:
                     self.log.warning("gpucr: idle kernel %s not suspended: %s", kernel_id, e)
 
-    async def stop_extension(self) -> None:  # type: ignore[override]
+    async def stop_extension(self) -> None:
         """Runs before jupyter_server shuts kernels down: suspend them all first."""
         if self._idle_checker:
             self._idle_checker.stop()

@@ -154,7 +154,7 @@ class SnapshotEngine(SuspendEngine):
             files = digest_tree(tmp / SNAPSHOT_PAYLOAD)
             manifest = {
                 **extra, "name": kernel_id, "created": time.time(), "engine": self.name,
-                "size": sum(f["size"] for f in files.values()), "files": files,
+                "size": sum(int(f["size"]) for f in files.values()), "files": files,
                 "snapshot": {"kept": report.get("kept", []), "lost": report.get("lost", []), "bytes": report.get("bytes")},
                 "gpu": {"used": [], "all": []},
                 "timings": {"save": t1 - t0, "checksum": time.perf_counter() - t1, "total": time.perf_counter() - t0},

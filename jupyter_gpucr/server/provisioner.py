@@ -28,7 +28,7 @@ KERNEL_GONE = 1
 REAP_TIMEOUT = 5.0
 
 
-class GPUCRProvisioner(LocalProvisioner):  # type: ignore[misc]
+class GPUCRProvisioner(LocalProvisioner):
     """Launches kernels so that they can be checkpointed; see the module docstring."""
 
     suspended: bool = False

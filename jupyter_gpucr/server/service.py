@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
+from jupyter_core.utils import ensure_async
 
 from ..core import gpus
 from ..core.checkpointer import Checkpointer
@@ -236,7 +237,8 @@ class KernelSuspender:
         km = self._kernel(kernel_id)
         if km.execution_state != "busy":
             return
-        await self.kernel_manager.interrupt_kernel(kernel_id)
+        # async in the AsyncMappingKernelManager the server runs; typed as the sync base's
+        await ensure_async(self.kernel_manager.interrupt_kernel(kernel_id))  # type: ignore[func-returns-value]
         if await self._busy_after(km, 10.0):
             raise KernelBusyError(f"{await self._display_name(kernel_id)} kept running after the interrupt.",
                                   "Suspend it when the cell finishes, or restart the kernel.")
@@ -414,7 +416,7 @@ class KernelSuspender:
         item = items.get(trash_id)
         if item is None:
             raise NotFoundError(f"Nothing in the trash is called {trash_id!r}.", "List it with GET /api/gpucr/trash.")
-        if item.get("kernel_id") in self.kernel_manager:
+        if item.get("kernel_id") and item["kernel_id"] in self.kernel_manager:
             raise StateError(f"Kernel {item['kernel_id']} runs again under the same id (it was restarted).",
                              "Shut that kernel down first, then bring the saved state back.")
         name = self.store.untrash(trash_id)

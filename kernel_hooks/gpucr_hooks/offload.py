@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 CHUNK = 64 << 20
-WRITERS = 4
+WRITERS = min(8, os.cpu_count() or 1)
 MIN_BYTES = 1 << 20  # small storages are not worth a round trip; the driver takes them
 
 #: (storage, offset in the file, size) of each storage currently on disk; kept in the process,
@@ -46,22 +46,25 @@ def offload_tensors(path: str) -> dict[str, Any]:
         return {"bytes": 0, "storages": 0}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        os.ftruncate(fd, total)
         offset = 0
         with _Staging(torch) as staging, ThreadPoolExecutor(WRITERS) as pool:
-            for st in storages:
+            for st in storages:  # every chunk streams out; the writers run in parallel behind the copies
                 size = st.nbytes()
                 for chunk_off, n, buf, done in staging.download(_bytes_of(torch, st), size):
                     pool.submit(_pwrite, fd, buf, n, offset + chunk_off, done)
-                staging.drain()
                 _offloaded.append((st, offset, size))
-                st.resize_(0)
                 offset += size
+            staging.drain()
         os.fsync(fd)
-    except BaseException:
+    except BaseException:  # nothing has left the GPU yet: drop the partial file
+        _offloaded.clear()
         os.close(fd)
-        reload_tensors_from(path)  # put back what already left the GPU, then report the failure
+        os.unlink(path)
         raise
     os.close(fd)
+    for st, _offset, _size in _offloaded:  # the bytes are safe in the file: free the GPU memory
+        st.resize_(0)
     _file = path
     torch.cuda.empty_cache()
     return {"bytes": total, "storages": len(storages), "file": path}
