@@ -83,13 +83,13 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
     count, total = len(_offloaded), sum(size for _st, _off, size in _offloaded)
     fd = os.open(path, os.O_RDONLY)
     try:
+        for st, _offset, size in _offloaded:
+            st.resize_(size)
+        targets = [(_bytes_of(torch, st), offset, size) for st, offset, size in _offloaded]
         with _Staging(torch) as staging, ThreadPoolExecutor(WRITERS) as pool:
-            while _offloaded:
-                st, offset, size = _offloaded[0]
-                st.resize_(size)
-                staging.upload(pool, fd, offset, _bytes_of(torch, st), size)
-                _offloaded.pop(0)
+            staging.upload(pool, fd, targets)  # reads run ahead across storages, many are small
         torch.cuda.synchronize()
+        _offloaded.clear()
     finally:
         os.close(fd)
     os.unlink(path)
@@ -160,23 +160,25 @@ class _Staging:
             buf[:n].copy_(src[off:off + n])  # synchronous: the buffer holds the bytes when this returns
             yield off, n, buf, done
 
-    def upload(self, pool: ThreadPoolExecutor, fd: int, offset: int, dst: Any, size: int) -> None:
-        """File bytes into ``dst``: reads run ahead on the pool while earlier chunks are copied up."""
-        chunks = []
-        for off in range(0, size, CHUNK):
-            n = min(CHUNK, size - off)
-            buf, done = self._take()
-            chunks.append((off, n, buf, done, pool.submit(_pread, fd, buf, n, offset + off)))
-            if len(chunks) == len(self.buffers):
-                self._upload_one(chunks.pop(0), dst)
+    def upload(self, pool: ThreadPoolExecutor, fd: int, targets: list[tuple[Any, int, int]]) -> None:
+        """File bytes into each ``(dst, file offset, size)``: reads run ahead on the pool while
+        earlier chunks are copied up."""
+        chunks: list[tuple[Any, int, int, Any, threading.Event, Any]] = []
+        for dst, offset, size in targets:
+            for off in range(0, size, CHUNK):
+                n = min(CHUNK, size - off)
+                buf, done = self._take() if len(chunks) < len(self.buffers) else self._upload_one(chunks.pop(0))
+                chunks.append((dst, off, n, buf, done, pool.submit(_pread, fd, buf, n, offset + off)))
         while chunks:
-            self._upload_one(chunks.pop(0), dst)
+            _buf, done = self._upload_one(chunks.pop(0))
+            done.set()
 
-    def _upload_one(self, chunk: tuple[int, int, Any, threading.Event, Any], dst: Any) -> None:
-        off, n, buf, done, read = chunk
+    def _upload_one(self, chunk: tuple[Any, int, int, Any, threading.Event, Any]) -> tuple[Any, threading.Event]:
+        """Copy one chunk up once it is read; its buffer is free again (returned for reuse)."""
+        dst, off, n, buf, done, read = chunk
         read.result()
         dst[off:off + n].copy_(buf[:n])  # synchronous from pinned memory: the buffer is free after
-        done.set()
+        return buf, done
 
     def drain(self) -> None:
         for e in self.free:
