@@ -21,13 +21,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_gpucr import Checkpointer  # noqa: E402
-from jupyter_gpucr.core import criu as criu_engine  # noqa: E402
 from jupyter_gpucr.core import (
     cuda,
     gpus,  # noqa: E402
 )
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
 from tests.conftest import agent_command, ask, wait_for_line  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import raw_path  # noqa: E402
 
 
 def gpucr_round(store: Path, kind: str, size_gb: float) -> dict:
@@ -57,7 +59,6 @@ def gpucr_round(store: Path, kind: str, size_gb: float) -> dict:
 
 def raw_round(store: Path, kind: str, size_gb: float) -> dict:
     """The same process through the bare driver API + CRIU commands (FINDINGS.md's flow)."""
-    criu = criu_engine.find_criu()
     images = store / f"raw-{kind}"
     images.mkdir(parents=True, exist_ok=True)
     cmd = agent_command("cpu_agent.py", str(int(size_gb * 1024))) if kind == "cpu" else agent_command("gpu_agent.py", str(size_gb))
@@ -67,21 +68,9 @@ def raw_round(store: Path, kind: str, size_gb: float) -> dict:
                             start_new_session=True)
     hello = wait_for_line(log, timeout=300)
     before = ask(hello["port"])
-    opts = ["--shell-job", "--tcp-established", "--network-lock", "nftables"]
+    gpu_free, ckpt_s = raw_path.checkpoint(proc, images, kind == "gpu")
     t0 = time.perf_counter()
-    gpu_free = None
-    if kind == "gpu":
-        cuda.lock(proc.pid, 10_000)
-        cuda.checkpoint(proc.pid)
-        gpu_free = time.perf_counter() - t0
-    subprocess.run([criu, "dump", "-t", str(proc.pid), "-D", str(images), *opts], check=True)
-    ckpt_s = time.perf_counter() - t0
-    proc.wait()
-    t0 = time.perf_counter()
-    subprocess.run([criu, "restore", "-D", str(images), "-d", *opts], check=True)
-    if kind == "gpu":
-        cuda.restore(proc.pid)
-        cuda.unlock(proc.pid)
+    raw_path.restore(proc.pid, images, kind == "gpu")
     restore_s = time.perf_counter() - t0
     ok = ask(hello["port"])["checksum"] == before["checksum"]
     size = dir_size(images)

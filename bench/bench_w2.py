@@ -33,9 +33,9 @@ import websocket  # websocket-client, a jupyter_server dependency
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import raw_path  # noqa: E402
 from w2_workload import code  # noqa: E402
 
-from jupyter_gpucr.core import criu as criu_engine  # noqa: E402
 from jupyter_gpucr.core import cuda, gpus  # noqa: E402
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
 
@@ -216,22 +216,9 @@ def raw_round(store: Path, kind: str) -> dict:
     while time.monotonic() < deadline and not log.read_text().startswith("{"):
         time.sleep(0.2)
     hello = json.loads(log.read_text().splitlines()[0])
-    criu = criu_engine.find_criu()
-    opts = ["--shell-job", "--tcp-established", "--network-lock", "nftables"]
+    gpu_free, suspend_s = raw_path.checkpoint(proc, images, kind == "gpu")
     t0 = time.perf_counter()
-    gpu_free = None
-    if kind == "gpu":
-        cuda.lock(proc.pid, 10_000)
-        cuda.checkpoint(proc.pid)
-        gpu_free = time.perf_counter() - t0
-    subprocess.run([criu, "dump", "-t", str(proc.pid), "-D", str(images), *opts], check=True)
-    suspend_s = time.perf_counter() - t0
-    proc.wait()
-    t0 = time.perf_counter()
-    subprocess.run([criu, "restore", "-D", str(images), "-d", *opts], check=True)
-    if kind == "gpu":
-        cuda.restore(proc.pid)
-        cuda.unlock(proc.pid)
+    raw_path.restore(proc.pid, images, kind == "gpu")
     digest = ask(hello["port"])["digest"]
     resume_s = time.perf_counter() - t0
     size = dir_size(images)
