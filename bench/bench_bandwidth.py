@@ -1,12 +1,15 @@
 """The ceilings the fast path works against, measured on the machine it runs on: writing fresh
-tmpfs pages (one and several threads), reading them back, and pinned device<->host copies in the
-chunk size the tensor offload uses.
+tmpfs pages (one and several threads), reading them back, faulting in fresh anonymous memory with
+4 KiB and with transparent huge pages, and device<->host copies: through a pinned staging buffer
+in the chunk size the tensor offload uses, into a whole pinned allocation, and into huge-page
+memory registered with the driver.
 
     python bench/bench_bandwidth.py [--gb 6] [--dir /dev/shm]
 """
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +37,60 @@ def read_file(path: str, total: int, threads: int) -> float:
     return total / (time.perf_counter() - t0) / 1e9
 
 
+def fresh_anonymous(total: int, huge: bool) -> tuple[mmap.mmap, float]:
+    """Fault in `total` bytes of new anonymous memory; returns the mapping and GB/s."""
+    region = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if huge:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    buf = b"\1" * CHUNK
+    t0 = time.perf_counter()
+    for off in range(0, total, CHUNK):
+        region[off:off + CHUNK] = buf
+    return region, total / (time.perf_counter() - t0) / 1e9
+
+
+def gpu_copies(total: int) -> None:
+    import ctypes
+
+    import torch
+
+    src = torch.empty(total, dtype=torch.uint8, device="cuda")
+    staging = torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for off in range(0, total, CHUNK):
+        staging.copy_(src[off:off + CHUNK])
+    d2h = total / (time.perf_counter() - t0) / 1e9
+    t0 = time.perf_counter()
+    for off in range(0, total, CHUNK):
+        src[off:off + CHUNK].copy_(staging)
+    torch.cuda.synchronize()
+    h2d = total / (time.perf_counter() - t0) / 1e9
+    print(f"device -> pinned, 64 MiB synchronous chunks: {d2h:.2f} GB/s; pinned -> device: {h2d:.2f} GB/s")
+
+    t0 = time.perf_counter()
+    whole = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    alloc = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    whole.copy_(src)
+    copy = time.perf_counter() - t0
+    print(f"pinned allocation of {total / 1e9:.1f} GB: {alloc:.2f} s; device -> it in one copy: {copy:.2f} s")
+    del whole
+
+    region, _ = fresh_anonymous(total, huge=True)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    t0 = time.perf_counter()
+    err = torch.cuda.cudart().cudaHostRegister(address, total, 0)
+    register = time.perf_counter() - t0
+    host = torch.frombuffer(region, dtype=torch.uint8)
+    t0 = time.perf_counter()
+    host.copy_(src)
+    copy = time.perf_counter() - t0
+    print(f"cudaHostRegister of faulted huge-page memory: {register:.2f} s (error {int(err)}); "
+          f"device -> it in one copy: {copy:.2f} s")
+    torch.cuda.cudart().cudaHostUnregister(address)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=6)
@@ -45,25 +102,16 @@ def main() -> None:
         print(f"write fresh tmpfs pages, {threads} thread(s): {write_file(path, total, threads):.2f} GB/s")
         print(f"read them back, {threads} thread(s): {read_file(path, total, threads):.2f} GB/s")
         os.unlink(path)
+    for huge in (False, True):
+        region, rate = fresh_anonymous(total, huge)
+        region.close()
+        print(f"fault in fresh anonymous memory, {'transparent huge pages' if huge else '4 KiB pages'}: {rate:.2f} GB/s")
     try:
         import torch
     except ImportError:
         return
-    if not torch.cuda.is_available():
-        return
-    src = torch.empty(total, dtype=torch.uint8, device="cuda")
-    pinned = torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for off in range(0, total, CHUNK):
-        pinned.copy_(src[off:off + CHUNK])
-    d2h = total / (time.perf_counter() - t0) / 1e9
-    t0 = time.perf_counter()
-    for off in range(0, total, CHUNK):
-        src[off:off + CHUNK].copy_(pinned)
-    torch.cuda.synchronize()
-    h2d = total / (time.perf_counter() - t0) / 1e9
-    print(f"device -> pinned, 64 MiB synchronous chunks: {d2h:.2f} GB/s; pinned -> device: {h2d:.2f} GB/s")
+    if torch.cuda.is_available():
+        gpu_copies(total)
 
 
 if __name__ == "__main__":

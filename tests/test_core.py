@@ -148,6 +148,34 @@ def test_dump_that_cannot_complete_leaves_process_running(criu_path, tiny_store,
     cr.remove("big", kill=True)
 
 
+def test_work_before_the_dump_runs_frozen_free_and_its_failure_leaves_the_process_running(criu_path, store_dir, tmp_path):
+    """``before_dump`` is where the server waits for a kernel to finish writing its offloaded
+    GPU tensors: it runs before CRIU freezes the process, and if it fails nothing is dumped."""
+    hello, counts = start_agent(store_dir, "late", tmp_path, mb=10)
+    cr = Checkpointer(store_dir)
+    pid = cr.status("late")["pid"]
+
+    def still_writing() -> None:
+        n = read_counts(counts)[-1]
+        time.sleep(0.3)
+        assert read_counts(counts)[-1] > n, "the process must not be frozen yet"
+        raise EngineError("Writing the kernel's GPU tensors failed: OSError: [Errno 28] No space left on device.")
+
+    with pytest.raises(EngineError) as err:
+        cr.checkpoint("late", before_dump=still_writing)
+    assert "No space left on device" in str(err.value) and "left running" in str(err.value)
+    assert ask(hello["port"])["checksum"] == hello["checksum"]
+    assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    assert not list((store_dir / "checkpoints").iterdir()), "no partial checkpoint may remain"
+
+    calls = []
+    ckpt = cr.checkpoint("late", before_dump=lambda: calls.append(read_counts(counts)[-1]))
+    assert calls and "before_dump" in ckpt.manifest["timings"]
+    cr.restore("late")
+    assert ask(hello["port"])["checksum"] == hello["checksum"]
+    cr.remove("late", kill=True)
+
+
 def test_second_operation_on_same_process_is_busy(criu_path, store_dir, tmp_path):
     start_agent(store_dir, "busy", tmp_path, mb=10)
     cr = Checkpointer(store_dir)

@@ -51,7 +51,10 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
     svc.options.trim_before_suspend = svc.options.offload_gpu_tensors = True
     trimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert trimmed["trim"]["reserved_after"] < trimmed["trim"]["reserved_before"]
-    assert trimmed["trim"]["offload"]["bytes"] >= 2 << 30, trimmed["trim"]  # the 2 GiB tensor went out through pinned buffers
+    offload = trimmed["trim"]["offload"]
+    assert offload["bytes"] >= 2 << 30, trimmed["trim"]  # the 2 GiB tensor went out through pinned buffers
+    assert offload["early_free"], "with host memory to spare, the GPU is released before the file is written"
+    assert "before_dump" in trimmed["timings"], trimmed["timings"]
     assert not on_gpu(pid)
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), torch.cuda.memory_reserved() >> 20)")
@@ -60,4 +63,5 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
     print(f"\nGPU kernel image: {a >> 20} MiB untrimmed, {b >> 20} MiB trimmed; timings untrimmed "
           f"{untrimmed['timings']}, trimmed {trimmed['timings']}")
     assert b < a - (4 << 30), f"trimming should drop the 6 GiB cache: {a >> 20} MiB -> {b >> 20} MiB"
+    assert b < 2 << 30, f"the offloaded 2 GiB tensor must not be in the CRIU image as well: {b >> 20} MiB"
     ws.close()

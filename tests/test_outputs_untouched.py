@@ -10,6 +10,8 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
+from jupyter_gpucr.core.procs import is_alive
+
 from .conftest import criu_or_skip
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,14 +36,19 @@ async def run(nb: nbformat.NotebookNode, suspend: bool) -> nbformat.NotebookNode
     km = AsyncKernelManager(kernel_name="python3")
     km.kernel_spec.metadata["kernel_provisioner"] = {"provisioner_name": "gpucr-provisioner"}
     client = NotebookClient(nb, km=km, allow_errors=True, timeout=60)
-    async with client.async_setup_kernel():
-        for index, cell in enumerate(nb.cells):
-            if suspend and index == SUSPEND_BEFORE:
-                checkpointer = km.provisioner.checkpointer
-                checkpointer.checkpoint(km.kernel_id, reason="test")
-                running = checkpointer.restore(km.kernel_id, detach=False)
-                km.provisioner.adopt(running.started)
-            await client.async_execute_cell(cell, index)
+    try:
+        async with client.async_setup_kernel():
+            for index, cell in enumerate(nb.cells):
+                if suspend and index == SUSPEND_BEFORE:
+                    checkpointer = km.provisioner.checkpointer
+                    checkpointer.checkpoint(km.kernel_id, reason="test")
+                    running = checkpointer.restore(km.kernel_id, detach=False)
+                    km.provisioner.adopt(running.started)
+                await client.async_execute_cell(cell, index)
+    finally:  # nbclient leaves a kernel manager it was given running
+        pid = km.provisioner.kernel_pid if km.provisioner else None
+        await km.shutdown_kernel(now=True)
+        assert not is_alive(pid), "the kernel must be gone after its shutdown"
     return nb
 
 

@@ -169,9 +169,12 @@ class Checkpointer:
 
     # -- checkpoint ----------------------------------------------------------------------
     def checkpoint(self, target: str | int, leave_running: bool = False, reason: str = "manual",
-                   extra: dict[str, Any] | None = None, progress: Progress = _no_progress) -> Checkpoint:
+                   extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
+                   before_dump: Callable[[], None] | None = None) -> Checkpoint:
         """Write a verified checkpoint of the process; without ``leave_running`` it is gone
-        afterwards and its GPU memory is free."""
+        afterwards and its GPU memory is free. ``before_dump`` runs once the GPU is released and
+        before CRIU freezes the process (a process finishing work it started before the
+        checkpoint, without the GPU); if it raises, the process runs on as before."""
         name, rec = self.resolve(target)
         d = self.store.proc_dir(name)
         with exclusive(d, name, "checkpoint"):
@@ -181,10 +184,12 @@ class Checkpointer:
             if rec.get("state") != "running" or not is_alive(pid):
                 raise StateError(f"{name!r} is not running (state: {self._state(rec)}).",
                                  f"Restore it with 'gpucr restore {name}'." if rec.get("checkpoint") else "")
-            return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress)
+            return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
+                                           before_dump)
 
     def _checkpoint_locked(self, name: str, rec: dict[str, Any], pid: int, leave_running: bool, reason: str,
-                           extra: dict[str, Any], progress: Progress) -> Checkpoint:
+                           extra: dict[str, Any], progress: Progress,
+                           before_dump: Callable[[], None] | None) -> Checkpoint:
         t0 = time.perf_counter()
         criu = self.criu
         pids = tree(pid)
@@ -210,6 +215,10 @@ class Checkpointer:
                 cuda.checkpoint(p)
             if cuda_pids:
                 timings["gpu_free"] = time.perf_counter() - t0
+            if before_dump is not None:
+                t1 = time.perf_counter()
+                before_dump()
+                timings["before_dump"] = time.perf_counter() - t1
             progress("dumping", 0, estimate)
             with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests:
                 timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running,

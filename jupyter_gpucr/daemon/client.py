@@ -185,7 +185,10 @@ class DaemonCheckpointer:
         return self._running(result)
 
     def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
-                   extra: dict[str, Any] | None = None, progress: Progress = _no_progress) -> Checkpoint:
+                   extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
+                   before_dump: Callable[[], None] | None = None) -> Checkpoint:
+        if before_dump is not None:  # the daemon's driver checkpoint and dump are one request
+            before_dump()
         result = self.client.call("checkpoint", progress, name=target, leave_running=leave_running, reason=reason,
                                   extra=extra or {})
         ckpt = self.store.mirror(result["id"], result["manifest"])

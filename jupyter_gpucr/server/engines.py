@@ -22,6 +22,7 @@ from ..core.checkpointer import Checkpointer
 from ..core.checksums import digest_tree
 from ..core.errors import EngineError, GPUCRError, PreconditionError, PutBackError
 from ..core.privileges import check_privileges
+from ..core.procs import is_alive
 from ..core.store import Checkpoint
 from . import kernel_rpc
 from .provisioner import GPUCRProvisioner
@@ -32,6 +33,9 @@ Detach = Callable[[], Awaitable[None]]
 SNAPSHOT_PAYLOAD = "snapshot"
 #: Where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
 OFFLOAD_FILE = "gpu-tensors.bin"
+#: Written by the kernel once OFFLOAD_FILE is complete and durable: "ok" or what went wrong.
+OFFLOAD_WRITTEN = OFFLOAD_FILE + ".written"
+OFFLOAD_WRITE_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -93,13 +97,36 @@ class CriuEngine(SuspendEngine):
                       detach: Detach) -> Checkpoint:
         await detach()
         try:
-            ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress)
+            ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress,
+                                           self._offload_written(kernel_id, km.provisioner.kernel_pid))
         except PutBackError as e:  # the dump finished, the commit failed: the process was restored anew
             km.provisioner.adopt(e.started)
             raise
         km.provisioner.mark_suspended()
         await km.provisioner.cleanup(restart=True)
         return ckpt
+
+    def _offload_written(self, kernel_id: str, pid: int | None) -> Callable[[], None]:
+        """Waits (in the checkpointer's thread, after the GPU is released) until the kernel has
+        written its offloaded tensors to disk, so that CRIU does not dump them a second time."""
+        d = self.checkpointer.store.proc_dir(kernel_id)
+
+        def wait() -> None:
+            if not (d / OFFLOAD_FILE).exists():
+                return
+            deadline = time.monotonic() + OFFLOAD_WRITE_TIMEOUT_S
+            while not (d / OFFLOAD_WRITTEN).exists():
+                if pid is not None and not is_alive(pid):
+                    raise EngineError("The kernel exited while writing its GPU tensors to disk.", "Restart the kernel.")
+                if time.monotonic() > deadline:
+                    raise EngineError(f"The kernel did not finish writing its GPU tensors to {d} within "
+                                      f"{OFFLOAD_WRITE_TIMEOUT_S:g} s.", "Check the store's disk; the kernel keeps running.")
+                time.sleep(0.01)
+            status = (d / OFFLOAD_WRITTEN).read_text()
+            if status != "ok":
+                raise EngineError(f"Writing the kernel's GPU tensors to {d} failed: {status}.",
+                                  "Free space where the checkpoints are stored and retry; the kernel keeps running.")
+        return wait
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
