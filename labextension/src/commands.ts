@@ -23,12 +23,12 @@ import { formatBytes } from './format';
 import { resumeIcon, suspendIcon } from './icons';
 import { GpucrModel, GpucrRequestError } from './model';
 import { GpucrNotifier } from './notifications';
+import { confirmTrash, IKernelShutdown } from './shutdownguard';
 import {
   canResume,
   canSuspend,
   fitToast,
   kernelLabel,
-  TRASH_HOURS,
   trashWarning
 } from './state';
 import { CommandIDs } from './tokens';
@@ -40,6 +40,8 @@ export interface ICommandContext {
   tracker: INotebookTracker;
   notifier: GpucrNotifier;
   kernels: Kernel.IManager;
+  /** The kernel manager's shutdown without the guard's question (asked here). */
+  unguarded: IKernelShutdown;
   sessions: Session.IManager;
   /** The `confirmSuspend` setting. */
   confirmSuspend: () => boolean;
@@ -233,25 +235,18 @@ export function addCommands(ctx: ICommandContext): void {
       const state = model.getKernel(kernelId);
       const suspended = state?.state === 'suspended';
       const name = notifier.label(kernelId);
-      if (suspended) {
-        const result = await showDialog({
-          title: 'Shut down the suspended kernel?',
-          body: trashWarning(name, state!),
-          buttons: [
-            Dialog.cancelButton(),
-            Dialog.warnButton({ label: 'Shut Down' })
-          ]
-        });
-        if (!result.button.accept) {
-          return;
-        }
+      if (
+        suspended &&
+        !(await confirmTrash([state!], k => notifier.label(k)))
+      ) {
+        return;
       }
       try {
         const panel = panelForKernel(tracker, kernelId);
         if (panel) {
           await panel.sessionContext.shutdown();
         } else {
-          await ctx.kernels.shutdown(kernelId);
+          await ctx.unguarded.shutdown(kernelId);
         }
       } catch (error) {
         Notification.error(
@@ -261,12 +256,7 @@ export function addCommands(ctx: ICommandContext): void {
         return;
       }
       if (suspended) {
-        notifier.show(kernelId, {
-          type: 'info',
-          message: `${name} was shut down; its saved state is in the trash for ${TRASH_HOURS} h.`,
-          actions: ['open-panel'],
-          autoClose: 8000
-        });
+        notifier.trashed(kernelId, name);
       }
       await model.refreshLists();
     }
@@ -300,7 +290,7 @@ export function addCommands(ctx: ICommandContext): void {
         return;
       }
       await ctx.sessions.shutdownAll();
-      await ctx.kernels.shutdownAll();
+      await ctx.unguarded.shutdownAll();
       await model.refreshLists();
     }
   });

@@ -48,6 +48,7 @@ import { GpucrModel } from './model';
 import { GpucrNotifier } from './notifications';
 import { GpucrPanel } from './panel';
 import { addRunningSection } from './running';
+import { guardKernelShutdown } from './shutdownguard';
 import { GpucrStatus } from './statusbar';
 import { CommandIDs, IGpucrModel, PLUGIN_ID } from './tokens';
 
@@ -242,12 +243,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.shell.add(panel, 'right', { rank: 900 });
     const openPanel = () => app.shell.activateById(panel.id);
 
+    // JupyterLab's own Kernels section shuts down through the kernel manager.
+    const unguarded = guardKernelShutdown({
+      kernels: serviceManager.kernels,
+      model,
+      label: kernelId => notifier.label(kernelId),
+      trashed: (kernelId, label) => {
+        notifier.trashed(kernelId, label);
+        void model.refreshLists();
+      }
+    });
+
     addCommands({
       commands,
       model,
       tracker,
       notifier,
       kernels: serviceManager.kernels,
+      unguarded,
       sessions: serviceManager.sessions,
       confirmSuspend: () => confirmSuspend,
       disableConfirmSuspend: async () => {

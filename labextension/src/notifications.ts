@@ -18,7 +18,8 @@ import {
   INotice,
   kernelLabel,
   NoticeAction,
-  transitionNotice
+  transitionNotice,
+  TRASH_HOURS
 } from './state';
 import { CommandIDs } from './tokens';
 
@@ -45,6 +46,16 @@ export class GpucrNotifier {
     if (notice.autoClose === false) {
       this._sticky.set(kernelId, id);
     }
+  }
+
+  /** Say that a suspended kernel was shut down and where its saved state went. */
+  trashed(kernelId: string, label: string): void {
+    this.show(kernelId, {
+      type: 'info',
+      message: `${label} was shut down; its saved state is in the trash for ${TRASH_HOURS} h.`,
+      actions: ['open-panel'],
+      autoClose: 8000
+    });
   }
 
   /** Say that a suspend was refused because a cell runs, and what to do. */

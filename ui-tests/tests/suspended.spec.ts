@@ -9,6 +9,8 @@
  *   only, and nothing of gpucr lands in the cell's output;
  * - Kernel > Shut Down of a suspended kernel asks, the saved state goes to
  *   the trash, the panel's Restore brings it back with its variables;
+ * - JupyterLab's own Kernels section (the item's shut-down button, Shut Down
+ *   All, the context menu) asks the same before a suspended kernel goes;
  * - Kernel > Restart of a suspended kernel asks, then a notification says
  *   the variables are gone.
  */
@@ -242,9 +244,7 @@ test.describe('suspended kernels in JupyterLab', () => {
     await page.menu.clickMenuItem('Kernel>Shut Down All Kernels…');
     const dialog = page.locator('.jp-Dialog');
     await expect(dialog).toContainText('Shut Down All?');
-    await expect(dialog).toContainText(
-      `The suspended state of ${name} (`
-    );
+    await expect(dialog).toContainText(`The suspended state of ${name} (`);
     await dialog.getByRole('button', { name: 'Cancel' }).click();
     await expectSuspended(page, kernelId);
 
@@ -299,6 +299,74 @@ test.describe('suspended kernels in JupyterLab', () => {
     await page.notebook.activate(name);
     await expect.poll(() => currentKernelId(page)).toBe(kernelId);
     expect(await runCode(page, 'print(v)')).toContain('kept');
+  });
+
+  test("JupyterLab's own Kernels section asks before shutting down a suspended kernel", async ({
+    page
+  }) => {
+    const name = 'own.ipynb';
+    const kernelId = await newNotebook(page, name, 'w = 7');
+    await suspendByRest(page, kernelId);
+    await statusSuspended(page);
+    const dialog = page.locator('.jp-Dialog');
+    const ours = new RegExp(
+      `The suspended state of ${name.replace('.', '\\.')} \\(\\d+(\\.\\d)? MiB, saved at \\d\\d:\\d\\d\\) goes to the trash`
+    );
+
+    // The item's shut-down button: our question; Cancel keeps everything.
+    await page.sidebar.openTab('jp-running-sessions');
+    const section = page.getByRole('region', { name: 'Kernels Section' });
+    const item = section
+      .locator(`.jp-RunningSessions-item[data-context="${kernelId}"]`)
+      .first();
+    await item.hover();
+    await item.locator('.jp-RunningSessions-itemShutdown').first().click();
+    await expect(dialog).toContainText('Shut down the suspended kernel?');
+    await expect(dialog).toContainText(ours);
+    await shot(page, 'running-kernels-shutdown-dialog');
+    await dialog.getByRole('button', { name: 'Cancel' }).click();
+    await expect(dialog).toHaveCount(0);
+    await expectSuspended(page, kernelId);
+
+    // The section's Shut Down All: JupyterLab's question, then ours.
+    await page
+      .getByRole('toolbar', { name: 'Kernels toolbar' })
+      .getByRole('button', { name: 'Shut Down All', exact: true })
+      .click();
+    await dialog.getByRole('button', { name: /^Shut Down All$/ }).click();
+    await expect(dialog).toContainText(ours);
+    await dialog.getByRole('button', { name: 'Cancel' }).click();
+    await expect(dialog).toHaveCount(0);
+    await expectSuspended(page, kernelId);
+
+    // The context menu's Shut Down Kernel, accepted: the saved state goes to the trash.
+    void page.evaluate(
+      id =>
+        (window as any).jupyterapp.commands.execute(
+          'running:kernel-shut-down',
+          {
+            id
+          }
+        ),
+      kernelId
+    );
+    await expect(dialog).toContainText(ours);
+    await dialog.getByRole('button', { name: 'Shut Down' }).click();
+    await expect(
+      page
+        .locator('.Toastify__toast')
+        .filter({ hasText: `${name} was shut down` })
+    ).toContainText('its saved state is in the trash for 24 h');
+    await expect
+      .poll(async () =>
+        (await page.request.get(`/api/kernels/${kernelId}`)).status()
+      )
+      .toBe(404);
+    const trash = await (await page.request.get('/api/gpucr/trash')).json();
+    expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
+      kernelId,
+      'shutdown'
+    ]);
   });
 
   test('Kernel > Restart of a suspended kernel asks, then says the variables are gone', async ({
