@@ -12,6 +12,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from .kernel_ws import collect, execute, message, request, send
+from .pagecache import evict, resident_fraction
 from .test_server import STATE_CODE, fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
 from .test_server_lifecycle import wait_state
 
@@ -149,3 +150,33 @@ async def test_shutdown_and_restart_keep_the_saved_state_in_the_trash(jp_fetch, 
     await jp_fetch("api", "kernels", kid, method="DELETE")  # a running kernel: its checkpoints go with it
     assert await fetch_json(jp_fetch, "api", "gpucr", "checkpoints") == []
     assert await fetch_json(jp_fetch, "api", "gpucr", "trash") == []
+
+
+async def test_opening_a_suspended_kernel_reads_its_checkpoint_into_the_page_cache(jp_fetch, jp_ws_fetch,
+                                                                                     jp_serverapp):
+    """Opening the notebook (a client connects) prefetches the image so a restore reads memory;
+    the kernel stays on disk."""
+    kid = (await new_session(jp_fetch, "prefetch.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "import numpy as np\nbig = np.random.default_rng(1).random(40_000_000)\nx = 42")
+    pid = kernel_pid(jp_serverapp, kid)
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    ws.close()
+    ckpt = jp_serverapp.kernel_manager.suspender.store.latest(kid)
+    files = [f for f in ckpt.path.rglob("*") if f.is_file()]
+    assert sum(f.stat().st_size for f in files) > 300 << 20
+    evict(files)  # as after a reboot or under memory pressure: nothing of it in memory
+    if resident_fraction(files) > 0.1:
+        pytest.skip("this filesystem keeps the pages in memory whatever (tmpfs)")
+
+    ws = await open_ws(jp_ws_fetch, kid, "opened")
+    for _ in range(300):
+        if resident_fraction(files) > 0.95:
+            break
+        await asyncio.sleep(0.1)
+    assert resident_fraction(files) > 0.95, "the checkpoint was not read into the page cache"
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
+    assert gone(pid)
+    _, out, _ = await execute(ws, "print(x, big.shape)")
+    assert out == "42 (40000000,)\n"
+    ws.close()

@@ -101,6 +101,12 @@ class GPUCR(Configurable):
         "for that) and they are refilled right after the restore. Off for code that keeps raw device "
         "pointers (CUDA graphs).",
     )
+    prefetch_on_open = Bool(
+        True, config=True,
+        help="When a client opens a suspended kernel (its notebook is opened or reconnects), read its checkpoint "
+        "into the page cache in the background (idle I/O priority), so that a restore that follows reads memory "
+        "rather than disk. Never restores the kernel.",
+    )
     checkpointable_kernels = Bool(
         True, config=True,
         help="Launch kernels through the gpucr provisioner (own PID namespace, own log files) so that "

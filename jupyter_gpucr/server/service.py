@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from jupyter_core.utils import ensure_async
 
-from ..core import gpus
+from ..core import gpus, pagecache
 from ..core.checkpointer import Checkpointer
 from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFoundError, StateError
 from ..core.procs import is_alive, tree
@@ -73,6 +73,7 @@ class KernelSuspender:
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._prefetched: dict[str, str] = {}  # kernel id -> the checkpoint id read into the page cache
         self.stopping = False
 
     @property
@@ -367,6 +368,24 @@ class KernelSuspender:
             self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
             return st
 
+    def prefetch(self, kernel_id: str) -> None:
+        """A client opened a suspended kernel (its notebook, or a reconnect): read its checkpoint
+        into the page cache in the background, so that a restore that follows reads memory, not
+        disk. Never restores; once per checkpoint."""
+        ckpt = self.store.latest(kernel_id) if self.options.prefetch_on_open else None
+        if ckpt is None or self._prefetched.get(kernel_id) == ckpt.id:
+            return
+        self._prefetched[kernel_id] = ckpt.id
+        task = asyncio.ensure_future(self._prefetch(kernel_id, ckpt))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _prefetch(self, kernel_id: str, ckpt: Checkpoint) -> None:
+        t0 = time.perf_counter()
+        done = await asyncio.to_thread(pagecache.prefetch, [ckpt.path, self.store.proc_dir(kernel_id) / OFFLOAD_FILE])
+        self.log.info("gpucr: read %d MiB of the checkpoint of kernel %s into the page cache in %.2f s (a client "
+                      "opened it)", done >> 20, kernel_id, time.perf_counter() - t0)
+
     def _latest(self, kernel_id: str) -> Checkpoint:
         ckpt = self.store.latest(kernel_id)
         if ckpt is None:
@@ -382,6 +401,7 @@ class KernelSuspender:
         path = await self._notebook_path(kernel_id) or self.lifecycle.get(kernel_id).notebook_path
         self.lifecycle.forget(kernel_id)
         self._saved.pop(kernel_id, None)
+        self._prefetched.pop(kernel_id, None)
         if self.stopping:
             return
         trash_id = self.store.trash(kernel_id, reason, {"notebook_path": path})
@@ -397,6 +417,7 @@ class KernelSuspender:
         self.lifecycle.forget(kernel_id)
         self._saved.pop(kernel_id, None)
         self._locks.pop(kernel_id, None)
+        self._prefetched.pop(kernel_id, None)
         if self.stopping:
             return
         try:

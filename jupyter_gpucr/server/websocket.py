@@ -100,6 +100,7 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         self.multi_kernel_manager.register_connection(self.kernel_id, self)
         if self._on_disk():
             self.session.key = self.kernel_manager.session.key
+            self.suspender.prefetch(self.kernel_id)  # the user may be back soon; never a restore
             return
         self._live = self._new_live()
         await self._live.prepare()

@@ -1,0 +1,48 @@
+"""Page cache residency of files, for the prefetch test and bench: how much of them is in memory
+(mincore on a read-only mapping), and dropping them from it (as after a reboot)."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def resident_fraction(files: Iterable[Path]) -> float:
+    pages = resident = 0
+    for path in files:
+        size = path.stat().st_size
+        if not size:
+            continue
+        n = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = ctypes.create_string_buffer(n)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            try:
+                if _libc.mincore(addr, size, vec) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore failed on {path}")
+            finally:
+                _libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+        pages += n
+        resident += sum(b & 1 for b in vec.raw)
+    return resident / max(pages, 1)
+
+
+def evict(files: Iterable[Path]) -> None:
+    """Drop the files' clean pages from the page cache (any user can, for files it may read)."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
