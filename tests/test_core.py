@@ -176,6 +176,28 @@ def test_work_before_the_dump_runs_frozen_free_and_its_failure_leaves_the_proces
     cr.remove("late", kill=True)
 
 
+def test_restored_process_gets_its_huge_pages_back(criu_path, store_dir, tmp_path):
+    """CRIU restores memory in 4 KiB pages; gpucr collapses the dense regions into huge pages
+    again, so the process and its next dump are as fast as before."""
+    start_agent(store_dir, "thp", tmp_path, mb=300)
+    cr = Checkpointer(store_dir)
+
+    def huge_bytes() -> int:
+        text = Path(f"/proc/{cr.status('thp')['pid']}/smaps_rollup").read_text()
+        return int(text.split("AnonHugePages:")[1].split()[0]) << 10
+
+    before = huge_bytes()
+    if before < 200 << 20:
+        pytest.skip(f"this kernel gave the agent's array no transparent huge pages ({before >> 20} MiB)")
+    cr.checkpoint("thp")
+    cr.restore("thp")
+    deadline = time.monotonic() + 30
+    while huge_bytes() < 0.9 * before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert huge_bytes() >= 0.9 * before, f"{huge_bytes() >> 20} MiB in huge pages after the restore, {before >> 20} before"
+    cr.remove("thp", kill=True)
+
+
 def test_second_operation_on_same_process_is_busy(criu_path, store_dir, tmp_path):
     start_agent(store_dir, "busy", tmp_path, mb=10)
     cr = Checkpointer(store_dir)
