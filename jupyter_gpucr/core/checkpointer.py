@@ -105,7 +105,6 @@ class Checkpointer:
         self.lock_timeout_ms = lock_timeout_ms
         self.check_space = check_space
         self.verify = verify
-        self._collapsing: dict[str, hugepages.Collapse] = {}  # name -> huge pages coming back after its restore
         self._criu: Criu | None = None
 
     @property
@@ -192,9 +191,7 @@ class Checkpointer:
                            extra: dict[str, Any], progress: Progress,
                            before_dump: Callable[[], None] | None) -> Checkpoint:
         t0 = time.perf_counter()
-        collapsing = self._collapsing.pop(name, None)
-        if collapsing is not None:  # a suspend never waits for it
-            collapsing.stop()
+        hugepages.stop(pid)  # a suspend never waits for the huge pages of the last restore
         criu = self.criu
         pids = tree(pid)
         ns_pid = innermost_pid(pid) if in_own_pidns(pid) else pid
@@ -367,7 +364,7 @@ class Checkpointer:
         rec = {**rec, "state": "running", "pid": started.pid, "ns_pid": started.ns_pid, "restored_at": time.time(),
                "restored_from": ckpt.id, "gpu_map": gpu_map}
         self.store.write_proc(name, rec)
-        self._collapsing[name] = hugepages.Collapse(tree(started.pid))
+        hugepages.start(tree(started.pid))
         progress("done", ckpt.size, ckpt.size)
         return Running(name, started.pid, started.ns_pid, started, rec, timings)
 

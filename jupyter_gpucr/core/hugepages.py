@@ -96,6 +96,22 @@ def collapse(pids: Iterable[int], stop: threading.Event | None = None) -> int:
     return done
 
 
+_running: dict[int, Collapse] = {}  # by the restored tree's root pid, whichever Checkpointer started it
+
+
+def start(pids: list[int]) -> None:
+    """Collapse the restored tree ``pids`` (its root first) in the background."""
+    if pids:
+        _running[pids[0]] = Collapse(pids)
+
+
+def stop(pid: int) -> None:
+    """A checkpoint of the tree rooted at ``pid`` begins: stop its collapse, if one runs."""
+    running = _running.pop(pid, None)
+    if running is not None:
+        running.stop()
+
+
 class Collapse:
     """:func:`collapse` in a daemon thread at nice 19 (the kernel does the work in the caller's
     context, so the thread's priority is what counts)."""
@@ -111,6 +127,9 @@ class Collapse:
             log.debug("gpucr: collapsed %d MiB into huge pages", collapse(pids, self._stop) >> 20)
         except Exception as e:  # best effort: never disturbs the restored process
             log.debug("gpucr: collapsing into huge pages failed: %s", e)
+        finally:
+            if _running.get(pids[0]) is self:
+                del _running[pids[0]]
 
     def stop(self) -> None:
         """Stop after the current step and wait for it."""
