@@ -364,7 +364,8 @@ class Checkpointer:
         rec = {**rec, "state": "running", "pid": started.pid, "ns_pid": started.ns_pid, "restored_at": time.time(),
                "restored_from": ckpt.id, "gpu_map": gpu_map}
         self.store.write_proc(name, rec)
-        hugepages.start(tree(started.pid))
+        if not used:  # not yet run against a restored CUDA process (its pinned memory) on a GPU machine
+            hugepages.start(tree(started.pid))
         progress("done", ckpt.size, ckpt.size)
         return Running(name, started.pid, started.ns_pid, started, rec, timings)
 
