@@ -55,6 +55,29 @@ function kernelStatusItem(page: Page) {
   });
 }
 
+/** A suspended kernel was shut down: the notification says so, the kernel is gone, the trash has it. */
+async function expectTrashed(
+  page: Page,
+  name: string,
+  kernelId: string
+): Promise<void> {
+  await expect(
+    page
+      .locator('.Toastify__toast')
+      .filter({ hasText: `${name} was shut down` })
+  ).toContainText('its saved state is in the trash for 24 h');
+  await expect
+    .poll(async () =>
+      (await page.request.get(`/api/kernels/${kernelId}`)).status()
+    )
+    .toBe(404);
+  const trash = await (await page.request.get('/api/gpucr/trash')).json();
+  expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
+    kernelId,
+    'shutdown'
+  ]);
+}
+
 /** Wait until JupyterLab in this page is up and has restored its layout. */
 async function waitForLab(page: Page): Promise<void> {
   await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
@@ -263,21 +286,7 @@ test.describe('suspended kernels in JupyterLab', () => {
 
     await page.menu.clickMenuItem('Kernel>Shut Down Kernel');
     await dialog.getByRole('button', { name: 'Shut Down' }).click();
-    await expect(
-      page
-        .locator('.Toastify__toast')
-        .filter({ hasText: `${name} was shut down` })
-    ).toContainText('its saved state is in the trash for 24 h');
-    await expect
-      .poll(async () =>
-        (await page.request.get(`/api/kernels/${kernelId}`)).status()
-      )
-      .toBe(404);
-    const trash = await (await page.request.get('/api/gpucr/trash')).json();
-    expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
-      kernelId,
-      'shutdown'
-    ]);
+    await expectTrashed(page, name, kernelId);
 
     // The panel's trash: Restore.
     await page.evaluate(() =>
@@ -352,21 +361,7 @@ test.describe('suspended kernels in JupyterLab', () => {
     );
     await expect(dialog).toContainText(ours);
     await dialog.getByRole('button', { name: 'Shut Down' }).click();
-    await expect(
-      page
-        .locator('.Toastify__toast')
-        .filter({ hasText: `${name} was shut down` })
-    ).toContainText('its saved state is in the trash for 24 h');
-    await expect
-      .poll(async () =>
-        (await page.request.get(`/api/kernels/${kernelId}`)).status()
-      )
-      .toBe(404);
-    const trash = await (await page.request.get('/api/gpucr/trash')).json();
-    expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
-      kernelId,
-      'shutdown'
-    ]);
+    await expectTrashed(page, name, kernelId);
   });
 
   test('Kernel > Restart of a suspended kernel asks, then says the variables are gone', async ({
