@@ -60,7 +60,7 @@ def offload_tensors(path: str, early_free: bool = True) -> dict[str, Any]:
     if os.path.exists(path + WRITTEN):  # from an earlier suspend whose refill failed
         os.unlink(path + WRITTEN)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    host = _HostCopy.allocate(total, fd, path) if early_free and total + HOST_HEADROOM < _available_memory() else None
+    host = _HostCopy.allocate(total, fd, path) if early_free and _room_for_host_copy(path, total) else None
     try:
         os.ftruncate(fd, total)
         _download(torch, storages, fd, host)
@@ -161,12 +161,32 @@ def _mark_written(path: str, status: str) -> None:
     os.replace(tmp, path + WRITTEN)
 
 
+def _room_for_host_copy(path: str, total: int) -> bool:
+    """Whether memory holds the host copy beside everything else, the file itself included when
+    the store is in memory (tmpfs): a suspend must never push the machine into the OOM killer."""
+    need = total + HOST_HEADROOM + (total if _in_memory_fs(path) else 0)
+    return need < _available_memory()
+
+
 def _available_memory() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) << 10
     return 0
+
+
+def _in_memory_fs(path: str) -> bool:
+    """Whether ``path`` lies on tmpfs/ramfs (the mount with the longest matching prefix)."""
+    path = os.path.realpath(path)
+    best, fstype = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            mount = fields[1].replace("\\040", " ")
+            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                best, fstype = mount, fields[2]
+    return fstype in ("tmpfs", "ramfs")
 
 
 class _HostCopy:
