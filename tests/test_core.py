@@ -186,16 +186,18 @@ def test_restored_process_gets_its_huge_pages_back(criu_path, store_dir, tmp_pat
         text = Path(f"/proc/{cr.status('thp')['pid']}/smaps_rollup").read_text()
         return int(text.split("AnonHugePages:")[1].split()[0]) << 10
 
-    before = huge_bytes()
-    if before < 200 << 20:
-        pytest.skip(f"this kernel gave the agent's array no transparent huge pages ({before >> 20} MiB)")
-    cr.checkpoint("thp")
-    cr.restore("thp")
-    deadline = time.monotonic() + 30
-    while huge_bytes() < 0.9 * before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert huge_bytes() >= 0.9 * before, f"{huge_bytes() >> 20} MiB in huge pages after the restore, {before >> 20} before"
-    cr.remove("thp", kill=True)
+    try:
+        before = huge_bytes()
+        if before < 200 << 20:
+            pytest.skip(f"this kernel gave the agent's array no transparent huge pages ({before >> 20} MiB)")
+        cr.checkpoint("thp")
+        cr.restore("thp")
+        deadline = time.monotonic() + 30
+        while huge_bytes() < 0.9 * before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert huge_bytes() >= 0.9 * before, f"{huge_bytes() >> 20} MiB in huge pages after the restore, {before >> 20} before"
+    finally:
+        cr.remove("thp", kill=True)
 
 
 def test_second_operation_on_same_process_is_busy(criu_path, store_dir, tmp_path):
