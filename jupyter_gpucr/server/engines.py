@@ -33,7 +33,8 @@ Detach = Callable[[], Awaitable[None]]
 SNAPSHOT_PAYLOAD = "snapshot"
 #: Where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
 OFFLOAD_FILE = "gpu-tensors.bin"
-#: Written by the kernel once OFFLOAD_FILE is complete and durable: "ok" or what went wrong.
+#: Written by the kernel once OFFLOAD_FILE is complete and durable: "ok" or what went wrong. The
+#: suffix is gpucr_hooks.offload.WRITTEN (the server cannot import the kernel's hooks).
 OFFLOAD_WRITTEN = OFFLOAD_FILE + ".written"
 OFFLOAD_WRITE_TIMEOUT_S = 600.0
 

@@ -34,7 +34,7 @@ from typing import Any
 CHUNK = 64 << 20
 WRITERS = min(8, os.cpu_count() or 1)
 MIN_BYTES = 1 << 20  # small storages are not worth a round trip; the driver takes them
-WRITTEN = ".written"  # suffix of the marker the server waits for before the dump
+WRITTEN = ".written"  # suffix of the marker the server waits for before the dump (engines.OFFLOAD_WRITTEN)
 HOST_HEADROOM = 1 << 30  # host memory left free beside the host copy
 
 #: (storage, offset in the file, size) of each storage currently off the GPU; kept in the
