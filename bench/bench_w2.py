@@ -6,7 +6,9 @@
 A jupyter server with gpucr runs as a separate process; the kernel builds the W2 state
 (bench/w2_workload.py). Each round: REST suspend (GPU free as seen by NVML, suspend complete over
 HTTP, image versus live bytes), then the user's cell over the websocket (resume to first result),
-then the same cell warm; the cell's digest must equal the first one. Then a cold start (a fresh kernel:
+then the same cell warm; the cell's digest must equal the first one. With two GPUs, one more round
+restores onto the other GPU and compares tokens, parameters, KV cache and an optimizer's state bit
+for bit, and which GPU the process believes it is on. Then a cold start (a fresh kernel:
 setup + cell), and the raw path: the same workload in a plain process, driver lock + checkpoint +
 ``criu dump``, ``criu restore`` + driver restore + unlock, then the cell. Prints a table and JSON.
 """
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import raw_path  # noqa: E402
-from w2_workload import code  # noqa: E402
+from w2_workload import GPU_FIDELITY_CELL, GPU_FIDELITY_SETUP, code  # noqa: E402
 
 from jupyter_gpucr.core import cuda, gpus  # noqa: E402
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
@@ -135,6 +137,19 @@ class GpuFreeWatch:
         return self.freed_after
 
 
+def kernel_huge_pages(kernel_id: str) -> int:
+    """Bytes of the kernel process's anonymous memory in transparent huge pages (CRIU restores in
+    4 KiB pages; a cell that runs slower after a restore may be why)."""
+    for p in psutil.process_iter(["cmdline"]):
+        if kernel_id in " ".join(p.info["cmdline"] or []):
+            try:
+                with open(f"/proc/{p.pid}/smaps_rollup") as f:
+                    return next(int(line.split()[1]) << 10 for line in f if line.startswith("AnonHugePages:"))
+            except (OSError, StopIteration):
+                return 0
+    return 0
+
+
 def kernel_rss(kernel_id: str) -> int:
     """Host memory of the kernel's process tree (its holder's command line names the kernel)."""
     for p in psutil.process_iter(["cmdline"]):
@@ -143,16 +158,19 @@ def kernel_rss(kernel_id: str) -> int:
     return 0
 
 
-def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], float]:
+def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], float, float, dict | None]:
     setup, cell = code(kind)
     kid, ws = server.kernel("w2.ipynb")
     t0 = time.perf_counter()
     run_cell(ws, setup)
     reference = run_cell(ws, cell)
     cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run_cell(ws, cell)
+    warm_before = time.perf_counter() - t0  # the cell in the kernel as started, for the warm cells after resumes
     rows = []
     for i in range(rounds):
-        rss = kernel_rss(kid)
+        rss, huge_before = kernel_rss(kid), kernel_huge_pages(kid)
         watch = GpuFreeWatch() if kind == "gpu" else None
         t0 = time.perf_counter()
         st = server.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
@@ -166,15 +184,43 @@ def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], fl
         t0 = time.perf_counter()
         warm_digest = run_cell(ws, cell)
         warm_s = time.perf_counter() - t0
+        huge_after = kernel_huge_pages(kid)
         offloaded = ((st.get("trim") or {}).get("offload") or {}).get("bytes", 0)  # tensors written beside the image
         rows.append({"round": i + 1, "gpu_free_s": gpu_free, "suspend_s": suspend_s,
                      "image_bytes": st["checkpoint"]["size"] + offloaded, "offloaded_bytes": offloaded,
                      "live_bytes": live, "resume_first_result_s": resume_s, "warm_cell_s": warm_s,
                      "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim"),
+                     "huge_pages_before": huge_before, "huge_pages_after": huge_after,
                      "restore_timings": restored["timings"]})
+    moved = None
+    if kind == "gpu" and len(gpus.list_gpus()) > 1:
+        try:
+            moved = move_round(server, kid, ws, cell, reference)
+        except Exception as e:  # keep the rounds' figures
+            moved = {"error": str(e)[-2000:]}
     ws.close()
     server.rest(f"api/kernels/{kid}", "DELETE")
-    return rows, cold
+    return rows, cold, warm_before, moved
+
+
+def move_round(server: Server, kid: str, ws: websocket.WebSocket, cell: str, reference: str) -> dict:
+    """Suspend, restore onto the other GPU (REST resume with ``gpu``), then compare bit for bit."""
+    run_cell(ws, GPU_FIDELITY_SETUP)
+    before = json.loads(run_cell(ws, GPU_FIDELITY_CELL))
+    pid_gpus = {g.index: g.uuid for g in gpus.list_gpus() if g.processes}
+    server.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+    target = next(g for g in gpus.list_gpus() if g.index not in pid_gpus)
+    t0 = time.perf_counter()
+    server.rest(f"api/gpucr/kernels/{kid}/resume", "POST", {"gpu": str(target.index)})
+    digest = run_cell(ws, cell)
+    resume_s = time.perf_counter() - t0
+    after = json.loads(run_cell(ws, GPU_FIDELITY_CELL))
+    now_on = [g.uuid for g in gpus.list_gpus() if g.processes]
+    return {"from": pid_gpus, "to": target.uuid, "nvml_now": now_on, "resume_and_cell_s": resume_s,
+            "tokens_identical": digest == reference,
+            **{f"{k}_identical": before[k] == after[k] for k in ("params", "kv", "optimizer")},
+            "torch_uuid_before": before["torch_uuid"], "torch_uuid_after": after["torch_uuid"],
+            "driver_uuid_before": before["driver_uuid"], "driver_uuid_after": after["driver_uuid"]}
 
 
 RAW_AGENT = """
@@ -242,7 +288,7 @@ def main() -> None:
     cuda.unavailable_reason()
     server = Server(work, store / "gpucr", work / "server.log")
     try:
-        rows, cold = gpucr_rounds(server, args.kind, args.rounds)
+        rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds)
     finally:
         server.stop()
     raw = None if args.no_raw else raw_round(store, args.kind)
@@ -255,10 +301,13 @@ def main() -> None:
         print(fmt.format("raw", _s(raw["gpu_free_s"]), _s(raw["suspend_s"]), raw["image_bytes"] >> 20, "-",
                          _s(raw["resume_first_result_s"]), "-", raw["same_result"]))
     best = min(r["resume_first_result_s"] for r in rows)
-    print(f"cold start (fresh kernel: setup + cell) {cold:.2f} s; cold start / resume {cold / best:.1f}x")
+    print(f"cold start (fresh kernel: setup + cell) {cold:.2f} s; cold start / resume {cold / best:.1f}x; "
+          f"the cell before any suspend {warm_before:.2f} s")
+    if moved:
+        print(f"restored onto the other GPU: {json.dumps(moved)}")
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(), "cpus": os.cpu_count(),
               "kind": args.kind, "store": str(store), "gpus": [g.name for g in gpus.list_gpus()], "driver": gpus.driver_version(),
-              "rounds": rows, "raw": raw, "cold_start_s": cold}
+              "rounds": rows, "raw": raw, "cold_start_s": cold, "warm_before_s": warm_before, "moved": moved}
     print(json.dumps(result, indent=2, default=str))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))

@@ -42,5 +42,33 @@ print(hashlib.sha256(b"".join(a[:1000].tobytes() for a in arrays) + frame.groupb
 """
 
 
+# Fidelity across a restore onto another GPU: the tokens, every parameter and the KV cache bit for
+# bit, an optimizer's state after a step, and which GPU the process believes it is on (PyTorch's
+# cached device properties against the driver asked afresh).
+GPU_FIDELITY_SETUP = """
+opt_model = torch.nn.Linear(1024, 1024, device="cuda:0")
+opt = torch.optim.AdamW(opt_model.parameters(), lr=1e-3)
+opt_model(torch.ones(8, 1024, device="cuda:0")).square().sum().backward(); opt.step()
+"""
+GPU_FIDELITY_CELL = """
+import ctypes, json
+def _digest(tensors):
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+_uuid = (ctypes.c_char * 16)()
+_cu = ctypes.CDLL("libcuda.so.1"); _dev = ctypes.c_int()
+_cu.cuDeviceGet(ctypes.byref(_dev), 0); _cu.cuDeviceGetUuid_v2(_uuid, _dev)
+print(json.dumps({
+    "params": _digest(list(model.parameters())),
+    "kv": _digest([t for layer in kv.layers for t in (layer.keys, layer.values)] if hasattr(kv, "layers") else [t for pair in kv for t in pair]),
+    "optimizer": _digest([v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)] + list(opt_model.parameters())),
+    "torch_uuid": str(torch.cuda.get_device_properties(0).uuid),
+    "driver_uuid": "GPU-" + str(__import__("uuid").UUID(bytes=bytes(_uuid))),
+}))
+"""
+
+
 def code(kind: str) -> tuple[str, str]:
     return (GPU_SETUP, GPU_CELL) if kind == "gpu" else (CPU_SETUP, CPU_CELL)

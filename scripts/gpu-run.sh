@@ -24,9 +24,9 @@ for gb in ${BENCH_GB:-2 8}; do
         2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/bench-$gb.log"
     rm -rf /dev/shm/gpucr-bench-$gb
 done
-# Issue 11's W2 notebook through the real server (W2_ROUNDS=2 to run it).
+# Issue 11's W2 notebook through the real server (W2_ROUNDS=2 to run it; W2_ARGS=--no-raw and such).
 if [ -n "${W2_ROUNDS:-}" ]; then
-    python3 bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2 --rounds "$W2_ROUNDS" --json-out "$OUT/w2.json" \
+    python3 bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2 --rounds "$W2_ROUNDS" --json-out "$OUT/w2.json" ${W2_ARGS:-} \
         2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2.log"
     rm -rf /dev/shm/gpucr-w2
 fi

@@ -31,11 +31,11 @@ Progress = Callable[[str, int, int], None]
 Detach = Callable[[], Awaitable[None]]
 
 SNAPSHOT_PAYLOAD = "snapshot"
-#: Where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
-OFFLOAD_FILE = "gpu-tensors.bin"
-#: Written by the kernel once OFFLOAD_FILE is complete and durable: "ok" or what went wrong. The
+#: The folder where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
+OFFLOAD_DIR = "gpu-tensors"
+#: Written by the kernel once OFFLOAD_DIR is complete and durable: "ok" or what went wrong. The
 #: suffix is gpucr_hooks.offload.WRITTEN (the server cannot import the kernel's hooks).
-OFFLOAD_WRITTEN = OFFLOAD_FILE + ".written"
+OFFLOAD_WRITTEN = OFFLOAD_DIR + ".written"
 OFFLOAD_WRITE_TIMEOUT_S = 600.0
 
 
@@ -113,7 +113,7 @@ class CriuEngine(SuspendEngine):
         d = self.checkpointer.store.proc_dir(kernel_id)
 
         def wait() -> None:
-            if not (d / OFFLOAD_FILE).exists():
+            if not (d / OFFLOAD_DIR).exists():
                 return
             deadline = time.monotonic() + OFFLOAD_WRITE_TIMEOUT_S
             while not (d / OFFLOAD_WRITTEN).exists():
@@ -132,7 +132,7 @@ class CriuEngine(SuspendEngine):
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
         km.provisioner.adopt(running.started)
-        if (self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_FILE).exists():
+        if (self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR).exists():
             await self._refill(kernel_id, km, running.timings, progress)
         return Resumed(running.timings)
 
@@ -142,13 +142,15 @@ class CriuEngine(SuspendEngine):
         progress("gpu-restore", 0, 0)
         t0 = time.perf_counter()
         try:
-            await kernel_rpc.with_client(km, kernel_rpc.reload)
+            report = await kernel_rpc.with_client(km, kernel_rpc.reload)
         except kernel_rpc.SnapshotError as e:
             await km.provisioner.kill()
             km.provisioner.mark_suspended()
             raise EngineError(f"The restored kernel could not take its GPU tensors back: {e}",
                               "The checkpoint is kept; free GPU memory and retry.") from e
         timings["refill"] = time.perf_counter() - t0
+        if "alloc_s" in report:  # of which giving the storages their GPU memory back
+            timings["refill_alloc"] = report["alloc_s"]
         timings["total"] = timings.get("total", 0) + timings["refill"]
 
 

@@ -97,10 +97,12 @@ async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[st
     return await _call(client, "prepare_suspend", {}, timeout)
 
 
-async def offload(client: Any, path: str | os.PathLike[str], timeout: float | None = 600.0) -> dict[str, Any]:
-    """Move the kernel's CUDA tensors into the file ``path`` and free their GPU memory
-    (``gpucr_hooks.offload_tensors``); returns the bytes and storages moved."""
-    return await _call(client, "offload_tensors", {"path": os.path.abspath(path)}, timeout)
+async def offload(client: Any, path: str | os.PathLike[str], collect: bool = True,
+                  timeout: float | None = 600.0) -> dict[str, Any]:
+    """Move the kernel's CUDA tensors into the folder ``path`` and free their GPU memory
+    (``gpucr_hooks.offload_tensors``); returns the bytes and storages moved. ``collect=False``
+    when ``prepare_suspend`` has just collected garbage."""
+    return await _call(client, "offload_tensors", {"path": os.path.abspath(path), "collect": collect}, timeout)
 
 
 async def reload(client: Any, timeout: float | None = 600.0) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from . import kernel_rpc
 from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
 from .dormant import Saved
-from .engines import OFFLOAD_FILE, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
+from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState
 from .provisioner import GPUCRProvisioner
 
@@ -184,7 +184,7 @@ class KernelSuspender:
         try:
             if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
                 raise await self._busy_error(kernel_id)
-            offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_FILE if engine.name == "criu" else None
+            offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_DIR if engine.name == "criu" else None
             saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
             if not await km.is_alive():
                 raise StateError(f"{await self._display_name(kernel_id)} exited while it was being suspended.",
@@ -210,7 +210,7 @@ class KernelSuspender:
     async def _put_back(self, kernel_id: str, detached: bool, km: Any) -> None:
         """A suspend failed and the kernel runs: refill tensors it had offloaded, reconnect the
         server and deliver held messages."""
-        if (self.store.proc_dir(kernel_id) / OFFLOAD_FILE).exists():
+        if (self.store.proc_dir(kernel_id) / OFFLOAD_DIR).exists():
             try:
                 await kernel_rpc.with_client(km, kernel_rpc.reload)
             except Exception as e:
@@ -289,7 +289,8 @@ class KernelSuspender:
             if trim and self.options.trim_before_suspend:
                 report = await kernel_rpc.prepare_suspend(client, timeout=60)
             if offload_to is not None and self.options.offload_gpu_tensors:
-                report = {**(report or {}), "offload": await kernel_rpc.offload(client, offload_to)}
+                moved = await kernel_rpc.offload(client, offload_to, collect=report is None)
+                report = {**(report or {}), "offload": moved}
         except Exception as e:
             self.log.warning("gpucr: kernel did not answer before the suspend: %s", e)
         finally:
@@ -382,7 +383,7 @@ class KernelSuspender:
 
     async def _prefetch(self, kernel_id: str, ckpt: Checkpoint) -> None:
         t0 = time.perf_counter()
-        done = await asyncio.to_thread(pagecache.prefetch, [ckpt.path, self.store.proc_dir(kernel_id) / OFFLOAD_FILE])
+        done = await asyncio.to_thread(pagecache.prefetch, [ckpt.path, self.store.proc_dir(kernel_id) / OFFLOAD_DIR])
         self.log.info("gpucr: read %d MiB of the checkpoint of kernel %s into the page cache in %.2f s (a client "
                       "opened it)", done >> 20, kernel_id, time.perf_counter() - t0)
 

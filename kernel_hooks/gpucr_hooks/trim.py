@@ -12,6 +12,7 @@ import ctypes
 import gc
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ def prepare_suspend() -> dict[str, Any]:
     ``reserved_after`` (GPU memory held by the allocators), ``per_device`` rows, the
     ``libraries`` that were trimmed, host ``rss_before`` / ``rss_after`` and ``warnings``.
     """
+    t0 = time.perf_counter()
     rss_before = _rss()
     collected = gc.collect()
     report: dict[str, Any] = {"per_device": [], "libraries": [], "warnings": [], "live_bytes": 0}
@@ -40,7 +42,8 @@ def prepare_suspend() -> dict[str, Any]:
     _malloc_trim()
     report["reserved_before"] = sum(r["reserved_before"] for r in report["per_device"])
     report["reserved_after"] = sum(r["reserved_after"] for r in report["per_device"])
-    report.update(gc_collected=collected, rss_before=rss_before, rss_after=_rss())
+    report.update(gc_collected=collected, rss_before=rss_before, rss_after=_rss(),
+                  seconds=round(time.perf_counter() - t0, 3))
     return report
 
 

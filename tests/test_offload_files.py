@@ -1,0 +1,72 @@
+"""The tensor offload's files, without a GPU: chunks written by parallel threads into one file
+per writer come back byte for byte at the places recorded for them, the folder is private
+(tensors are the notebook's data), and a tmpfs store is told apart from a disk store (a store in
+memory is written directly; only a disk store gets the host copy, and only when memory holds it
+beside everything else). On this machine's real mounts."""
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from gpucr_hooks import offload
+
+CHUNK = 1 << 20
+
+
+@pytest.fixture(params=["disk", "tmpfs"])
+def folder(request, tmp_path):
+    if request.param == "disk":
+        yield str(tmp_path / "gpu-tensors")
+        return
+    if not offload._in_memory_fs("/dev/shm"):
+        pytest.skip("/dev/shm is not tmpfs here")
+    root = f"/dev/shm/gpucr-test-{os.getpid()}"
+    os.mkdir(root, 0o700)
+    yield f"{root}/gpu-tensors"
+    offload._Stripes.remove_folder(f"{root}/gpu-tensors")
+    os.rmdir(root)
+
+
+def test_parallel_chunks_come_back_from_where_they_were_placed(folder):
+    chunks = [bytes([i]) * CHUNK + os.urandom(64) for i in range(40)]
+    buffers = [ctypes.create_string_buffer(c, len(c)) for c in chunks]
+    offsets = [i * (CHUNK + 64) for i in range(len(chunks))]
+    stripes = offload._Stripes.create(folder, 4)
+    try:
+        with ThreadPoolExecutor(8) as pool:  # more threads than files: a write waits for a free file
+            list(pool.map(lambda i: stripes.write_placed(ctypes.addressof(buffers[i]), len(chunks[i]), offsets[i]),
+                          range(len(chunks))))
+        stripes.sync()
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        files = sorted(os.listdir(folder))
+        assert files == ["0.bin", "1.bin", "2.bin", "3.bin"]
+        assert all(stat.S_IMODE(os.stat(os.path.join(folder, f)).st_mode) == 0o600 for f in files)
+        assert sum(os.path.getsize(os.path.join(folder, f)) for f in files) == sum(map(len, chunks))
+        readers = offload._Stripes.open(folder)
+        for chunk, offset in zip(chunks, offsets):
+            back = ctypes.create_string_buffer(len(chunk))
+            readers.read_placed(ctypes.addressof(back), len(chunk), offset)
+            assert back.raw == chunk
+        readers.close()
+    finally:
+        offload._placed.clear()
+        offload._Stripes.remove_folder(folder)
+    assert not os.path.exists(folder)
+
+
+def test_a_store_in_memory_is_told_from_a_disk_store(tmp_path):
+    if not offload._in_memory_fs("/dev/shm"):
+        pytest.skip("/dev/shm is not tmpfs here")
+    assert offload._in_memory_fs("/dev/shm/gpucr/procs/k/gpu-tensors")
+    if not offload._in_memory_fs(str(tmp_path)):
+        assert not offload._in_memory_fs(str(tmp_path / "gpu-tensors"))
+
+
+def test_host_copy_only_when_memory_holds_it():
+    available = offload._available_memory()
+    assert offload._room_for_host_copy(available // 2 - offload.HOST_HEADROOM)
+    assert not offload._room_for_host_copy(available - offload.HOST_HEADROOM // 2), "1 GiB stays free"
+    assert not offload._room_for_host_copy(available), "never the whole of memory"
