@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 CHUNK = 64 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def write_file(path: str, total: int, threads: int) -> float:
@@ -47,6 +50,44 @@ def fresh_anonymous(total: int, huge: bool) -> tuple[mmap.mmap, float]:
     for off in range(0, total, CHUNK):
         region[off:off + CHUNK] = buf
     return region, total / (time.perf_counter() - t0) / 1e9
+
+
+def disk_bandwidth(directory: Path, gb: float, threads: int = 8) -> dict[str, float]:
+    """Write ``gb`` into ``threads`` files and fsync them, then read them back after evicting them
+    from the page cache: what a suspend to this disk and a resume from it cannot beat."""
+    from tests.pagecache import evict
+
+    per = int(gb * (1 << 30)) // threads // CHUNK * CHUNK
+    paths = [directory / f"gpucr-bandwidth-{i}.bin" for i in range(threads)]
+    buf = os.urandom(CHUNK)
+
+    def write(path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        for off in range(0, per, CHUNK):
+            os.pwrite(fd, buf, off)
+        os.fsync(fd)
+        os.close(fd)
+
+    def read(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        for off in range(0, per, CHUNK):
+            os.pread(fd, CHUNK, off)
+        os.close(fd)
+
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(write, paths))
+        write_s = time.perf_counter() - t0
+        evict(paths)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(read, paths))
+        read_s = time.perf_counter() - t0
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+    return {"write_gbs": per * threads / write_s / 1e9, "read_gbs": per * threads / read_s / 1e9}
 
 
 def gpu_copies(total: int) -> None:

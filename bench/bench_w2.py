@@ -34,12 +34,13 @@ import websocket  # websocket-client, a jupyter_server dependency
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import raw_path  # noqa: E402
+from bench_bandwidth import disk_bandwidth  # noqa: E402
 from w2_workload import GPU_FIDELITY_CELL, GPU_FIDELITY_SETUP, code  # noqa: E402
 
 from jupyter_gpucr.core import cuda, gpus  # noqa: E402
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
+from tests.pagecache import evict, resident_fraction  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -54,6 +55,7 @@ class Server:
     """A jupyter server with gpucr, driven over REST and the kernel websocket."""
 
     def __init__(self, root: Path, store: Path, log: Path) -> None:
+        self.store = store
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
@@ -158,7 +160,14 @@ def kernel_rss(kernel_id: str) -> int:
     return 0
 
 
-def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], float, float, dict | None]:
+def drop_from_memory(store: Path) -> float:
+    """Evict the whole store from the page cache, as after a reboot; returns what stayed resident."""
+    files = [p for p in store.rglob("*") if p.is_file()]
+    evict(files)
+    return resident_fraction(files)
+
+
+def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool) -> tuple[list[dict], float, float, dict | None]:
     setup, cell = code(kind)
     kid, ws = server.kernel("w2.ipynb")
     t0 = time.perf_counter()
@@ -177,6 +186,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], fl
         suspend_s = time.perf_counter() - t0
         gpu_free = watch.stop() if watch else None
         live = (st.get("trim") or {}).get("live_bytes", 0) + rss
+        resident = drop_from_memory(server.store) if cold else None
         t0 = time.perf_counter()
         digest = run_cell(ws, cell)
         resume_s = time.perf_counter() - t0
@@ -190,7 +200,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int) -> tuple[list[dict], fl
                      "image_bytes": st["checkpoint"]["size"] + offloaded, "offloaded_bytes": offloaded,
                      "live_bytes": live, "resume_first_result_s": resume_s, "warm_cell_s": warm_s,
                      "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim"),
-                     "huge_pages_before": huge_before, "huge_pages_after": huge_after,
+                     "huge_pages_before": huge_before, "huge_pages_after": huge_after, "resident_before_resume": resident,
                      "restore_timings": restored["timings"]})
     moved = None
     if kind == "gpu" and len(gpus.list_gpus()) > 1:
@@ -280,6 +290,8 @@ def main() -> None:
     ap.add_argument("--store", default=None, help="checkpoint store (default: a temporary directory)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-raw", action="store_true")
+    ap.add_argument("--cold", action="store_true", help="evict the store from the page cache before each resume, "
+                    "and measure the store's disk bandwidth in the same run")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     store = Path(args.store or tempfile.mkdtemp(prefix="gpucr-w2-"))
@@ -288,10 +300,11 @@ def main() -> None:
     cuda.unavailable_reason()
     server = Server(work, store / "gpucr", work / "server.log")
     try:
-        rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds)
+        rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds, args.cold)
     finally:
         server.stop()
     raw = None if args.no_raw else raw_round(store, args.kind)
+    disk = disk_bandwidth(store, 4.0) if args.cold else None
     fmt = "{:8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>9} {:>6}"
     print(fmt.format("path", "gpu free s", "suspend s", "image MiB", "live MiB", "resume+cell", "warm s", "same"))
     for r in rows:
@@ -305,9 +318,11 @@ def main() -> None:
           f"the cell before any suspend {warm_before:.2f} s")
     if moved:
         print(f"restored onto the other GPU: {json.dumps(moved)}")
+    if disk:
+        print(f"store disk: write + fsync {disk['write_gbs']:.2f} GB/s, cold read {disk['read_gbs']:.2f} GB/s (8 threads)")
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(), "cpus": os.cpu_count(),
               "kind": args.kind, "store": str(store), "gpus": [g.name for g in gpus.list_gpus()], "driver": gpus.driver_version(),
-              "rounds": rows, "raw": raw, "cold_start_s": cold, "warm_before_s": warm_before, "moved": moved}
+              "rounds": rows, "raw": raw, "cold_start_s": cold, "warm_before_s": warm_before, "moved": moved, "disk": disk}
     print(json.dumps(result, indent=2, default=str))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))

@@ -268,16 +268,29 @@ class _Stripes:
             os.rmdir(folder)
 
 
-class _HostCopy:
-    """Anonymous host memory for the tensors' bytes on their way to a disk store: mapped outside
-    Python's allocators (so it is unmapped the moment it is written), backed by transparent huge
-    pages where the kernel allows it, and written out chunk by chunk as the chunks arrive."""
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.mmap.restype = ctypes.c_void_p
-    _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+def _map_huge(size: int) -> int | None:
+    """Anonymous memory outside Python's allocators (unmapped the moment it is done with), backed
+    by transparent huge pages where the kernel allows it (they fault in 2-4x faster); None if
+    the mapping fails."""
+    import mmap
+
+    address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        return None
+    _libc.madvise(address, size, mmap.MADV_HUGEPAGE)  # best effort: THP may be off
+    return int(address)
+
+
+class _HostCopy:
+    """Host memory for the tensors' bytes on their way to a disk store, written out chunk by chunk
+    as the chunks arrive."""
 
     def __init__(self, address: int, size: int, stripes: _Stripes) -> None:
         self.address, self.size, self.stripes = address, size, stripes
@@ -286,14 +299,8 @@ class _HostCopy:
 
     @classmethod
     def allocate(cls, size: int, stripes: _Stripes) -> _HostCopy | None:
-        import mmap
-
-        address = cls._libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                                 -1, 0)
-        if address in (None, ctypes.c_void_p(-1).value):
-            return None
-        cls._libc.madvise(address, size, mmap.MADV_HUGEPAGE)  # best effort: THP may be off
-        return cls(address, size, stripes)
+        address = _map_huge(size)
+        return None if address is None else cls(address, size, stripes)
 
     def copy_in(self, src: int, n: int, offset: int) -> None:
         """A chunk from a staging buffer; its write to the files starts at once."""
@@ -327,7 +334,7 @@ class _HostCopy:
 
     def release(self) -> None:
         if self.address:
-            self._libc.munmap(self.address, self.size)
+            _libc.munmap(self.address, self.size)
             self.address = 0
 
 
@@ -361,11 +368,25 @@ def _pwrite(src: int, n: int, offset: int, fd: int) -> None:
 
 
 class _Staging:
-    """A few pinned host buffers that chunks go through, each reused once its I/O finished."""
+    """A few pinned host buffers that chunks go through, each reused once its I/O finished.
+
+    They are carved from one huge-page mapping registered with the driver (cudaHostRegister):
+    pinning already faulted huge pages took 0.17 s for 6 GB on the H200 machine, where a pinned
+    allocation (cudaHostAlloc, ``pin_memory=True``) took 4.4 s, and PyTorch's cache of pinned
+    memory is emptied before a suspend anyway."""
 
     def __init__(self, torch: Any, count: int) -> None:
         self.torch = torch
-        self.buffers = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
+        self.size = count * CHUNK
+        self.address = _map_huge(self.size)
+        if self.address is not None and int(torch.cuda.cudart().cudaHostRegister(self.address, self.size, 0)) != 0:
+            _libc.munmap(self.address, self.size)
+            self.address = None
+        if self.address is None:  # no mapping or no registration: PyTorch's pinned allocations
+            self.buffers = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
+        else:
+            whole = torch.frombuffer((ctypes.c_char * self.size).from_address(self.address), dtype=torch.uint8)
+            self.buffers = [whole[i * CHUNK:(i + 1) * CHUNK] for i in range(count)]
         self.free = [threading.Event() for _ in self.buffers]
         for e in self.free:
             e.set()
@@ -375,8 +396,14 @@ class _Staging:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
+        """Callers leave their thread pool first, so no I/O uses a buffer any more."""
         if exc_type is None:  # after a failure, buffers of chunks that never ran stay taken
             self.drain()
+        self.buffers = []
+        if self.address is not None:
+            self.torch.cuda.cudart().cudaHostUnregister(self.address)
+            _libc.munmap(self.address, self.size)
+            self.address = None
 
     def _take(self) -> tuple[Any, threading.Event]:
         i = self.next
