@@ -1,15 +1,18 @@
-"""Read a checkpoint into the page cache before anyone asked for its restore.
+"""Read a checkpoint into the page cache before it is needed.
 
 Opening a notebook whose kernel is on disk says the user is about to come back. Reading the image
 then (in the background, at idle I/O priority) turns the restore that follows into a read from
-memory, which on a cold disk is most of a restore. Nothing is restored and nothing is kept in this
-process: the pages belong to the kernel's page cache, which drops them again under memory pressure.
+memory, which on a cold disk is most of a restore. A restore that starts on a cold disk reads the
+kernel's offloaded tensors ahead the same way, with several readers at normal priority, while the
+checksums, CRIU and the driver do their part. Nothing is kept in this process: the pages belong to
+the kernel's page cache, which drops them again under memory pressure.
 """
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -33,6 +36,43 @@ def prefetch(paths: Iterable[Path]) -> int:
         return total
     finally:
         thread.ionice(before.ioclass, before.value if before.ioclass not in (0, psutil.IOPRIO_CLASS_IDLE) else None)
+
+
+def read_ahead(paths: Iterable[Path], stop: threading.Event, threads: int = 8) -> int:
+    """Read every file under ``paths`` into the page cache with ``threads`` readers (a disk gives
+    its whole bandwidth only to several), until done or ``stop`` is set; returns the bytes read."""
+    files = [f for path in paths for f in (sorted(path.rglob("*")) if path.is_dir() else [path]) if f.is_file()]
+
+    def read(file: Path) -> int:
+        buf = bytearray(CHUNK)
+        done = 0
+        try:
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return 0
+        try:
+            while not stop.is_set() and (n := os.readv(fd, [buf])):
+                done += n
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return done
+
+    with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
+        return sum(pool.map(read, files))
+
+
+def in_memory(path: Path) -> bool:
+    """Whether ``path`` lies on tmpfs or ramfs (the mount with the longest matching prefix): there,
+    nothing is worth reading ahead."""
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, fstype = mount, part.fstype
+    return fstype in ("tmpfs", "ramfs")
 
 
 def _read(file: Path, buf: bytearray) -> int:

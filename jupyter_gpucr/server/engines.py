@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import pagecache
 from ..core.checkpointer import Checkpointer
 from ..core.checksums import digest_tree
 from ..core.errors import EngineError, GPUCRError, PreconditionError, PutBackError
@@ -130,10 +132,19 @@ class CriuEngine(SuspendEngine):
         return wait
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
-        running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
-        km.provisioner.adopt(running.started)
-        if (self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR).exists():
-            await self._refill(kernel_id, km, running.timings, progress)
+        tensors = self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR
+        stop = threading.Event()
+        ahead = (asyncio.ensure_future(asyncio.to_thread(pagecache.read_ahead, [tensors], stop))
+                 if tensors.exists() and not pagecache.in_memory(tensors) else None)
+        try:
+            running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
+            km.provisioner.adopt(running.started)
+            if tensors.exists():
+                await self._refill(kernel_id, km, running.timings, progress)
+        finally:
+            stop.set()  # restored and refilled, or failed: nothing more is worth reading
+            if ahead is not None:
+                await ahead
         return Resumed(running.timings)
 
     async def _refill(self, kernel_id: str, km: Any, timings: dict[str, float], progress: Progress) -> None:
