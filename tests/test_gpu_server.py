@@ -54,8 +54,7 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
     offload = trimmed["trim"]["offload"]
     assert offload["bytes"] >= 2 << 30, trimmed["trim"]  # the 2 GiB tensor went out through pinned buffers
     assert offload["files"] > 1, "parallel writers each fill their own file"
-    assert offload["early_free"], "a disk store (tmp_path) with host memory to spare: the GPU goes before the write"
-    assert "before_dump" in trimmed["timings"], trimmed["timings"]
+    assert "before_dump" in trimmed["timings"], trimmed["timings"]  # the dump waited for the fsync of the tensors
     assert not on_gpu(pid)
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), torch.cuda.memory_reserved() >> 20)")

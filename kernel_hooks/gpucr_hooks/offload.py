@@ -6,11 +6,11 @@ Here every CUDA storage reachable from Python objects is copied through small pi
 buffers (about 50 GB/s) and written in parallel into a folder of the checkpoint store, one file
 per writer thread (writes into one file queue on its lock: on the H200 machine tmpfs took 2.3 GB/s
 into one file, 17.7 GB/s into eight); then each storage is shrunk to zero bytes so its memory goes
-back to the allocator and the GPU can be released. On a store in memory (tmpfs) that is the whole
-of it. On a disk store, with host memory to spare, the chunks go into a host copy backed by
-transparent huge pages instead and the GPU is released at once; a background thread writes the
-copy out, fsyncs, unmaps it and leaves a marker (``<folder>.written``: ``ok`` or the error) that
-the server waits for before CRIU dumps the process, so the image never holds the tensors twice.
+back to the allocator and the GPU can be released. The bytes are then in the page cache (or tmpfs),
+which is the host copy: a background thread fsyncs the files and leaves a marker
+(``<folder>.written``: ``ok`` or the error) that the server waits for before CRIU dumps the
+process, so the image never holds the tensors twice and nothing is reported suspended before it is
+durable. A full disk fails the writes before anything left the GPU.
 
 After the restore each storage is given its size back and refilled from the file. What is not
 found here (tensors only C++ holds, CUDA graphs' pools) still goes through the driver's
@@ -30,15 +30,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, cast
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 CHUNK = 64 << 20
 WRITERS = min(8, os.cpu_count() or 1)
 READERS = min(16, os.cpu_count() or 1)  # reads from the page cache scale further than writes into it
 MIN_BYTES = 1 << 20  # small storages are not worth a round trip; the driver takes them
 WRITTEN = ".written"  # suffix of the folder's marker the server waits for before the dump (engines.OFFLOAD_WRITTEN)
-HOST_HEADROOM = 1 << 30  # host memory left free beside the host copy
 
 #: (storage, offset in the host copy, size) of each storage currently off the GPU, and where each
 #: of their chunks lies in the files (by offset in the host copy: stripe, offset in it); kept in the
@@ -46,16 +45,15 @@ HOST_HEADROOM = 1 << 30  # host memory left free beside the host copy
 _offloaded: list[tuple[Any, int, int]] = []
 _placed: dict[int, tuple[int, int]] = {}
 _folder: str | None = None
-_host: _HostCopy | None = None  # the host copy while it is being written (or when writing failed)
 _writer: threading.Thread | None = None
 
 
-def offload_tensors(path: str, early_free: bool = True, collect: bool = True) -> dict[str, Any]:
+def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     """Move every large CUDA storage out of the GPU into the folder ``path`` and free its device
-    memory; on a disk store with ``early_free`` (and the host memory for it) return once the bytes
-    are in host memory and write them in the background. ``collect=False`` skips the garbage
-    collection (the caller just ran one). Reports the bytes moved and where the time went."""
-    global _folder, _host, _writer
+    memory; return once the bytes are written (not yet durable: see the module's docstring).
+    ``collect=False`` skips the garbage collection (the caller just ran one). Reports the bytes
+    moved and where the time went."""
+    global _folder, _writer
     t0 = time.perf_counter()
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized() or _offloaded:
@@ -70,36 +68,36 @@ def offload_tensors(path: str, early_free: bool = True, collect: bool = True) ->
     if os.path.exists(path + WRITTEN):  # from an earlier suspend whose refill failed
         os.unlink(path + WRITTEN)
     stripes = _Stripes.create(path, WRITERS)
-    in_memory = _in_memory_fs(path)
-    host = (_HostCopy.allocate(total, stripes)
-            if early_free and not in_memory and _room_for_host_copy(total) else None)
     try:
-        _download(torch, storages, stripes, host)
-        if host is None:
-            stripes.sync()
-    except BaseException:  # nothing has left the GPU yet: drop the partial files and copy
+        _download(torch, storages, stripes)
+    except BaseException:  # nothing has left the GPU yet: drop the partial files
         _offloaded.clear()
         _placed.clear()
-        if host is not None:
-            host.abandon()
         stripes.remove()
         raise
     t_copied = time.perf_counter()
-    for st, _offset, _size in _offloaded:  # the bytes are safe in host memory or the files: free the GPU
+    for st, _offset, _size in _offloaded:  # the bytes are safe in the page cache: free the GPU
         st.resize_(0)
     _folder = path
     torch.cuda.empty_cache()
     t_freed = time.perf_counter()
-    if host is None:
-        _mark_written(path, "ok")
-    else:
-        _host = host
-        _writer = threading.Thread(target=host.finish, name="gpucr-offload-writer", daemon=True)
-        _writer.start()
-    return {"bytes": total, "storages": len(storages), "files": WRITERS, "early_free": host is not None,
+    _writer = threading.Thread(target=_make_durable, args=(stripes,), name="gpucr-offload-sync", daemon=True)
+    _writer.start()
+    return {"bytes": total, "storages": len(storages), "files": WRITERS,
             "seconds": round(time.perf_counter() - t0, 3), "find_s": round(t_found - t0, 3),
             "copy_s": round(t_copied - t_found, 3), "free_s": round(t_freed - t_copied, 3),
             "reserved_left": sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count()))}
+
+
+def _make_durable(stripes: _Stripes) -> None:
+    """Background: fsync the files while the driver checkpoints the rest, then tell the server."""
+    try:
+        stripes.sync()
+    except BaseException as e:
+        stripes.close()
+        _mark_written(stripes.folder, f"{type(e).__name__}: {e}")
+        return
+    _mark_written(stripes.folder, "ok")
 
 
 def reload_tensors() -> dict[str, Any]:
@@ -110,32 +108,26 @@ def reload_tensors() -> dict[str, Any]:
 
 
 def reload_tensors_from(path: str) -> dict[str, Any]:
-    global _folder, _host, _writer
+    global _folder, _writer
     t0 = time.perf_counter()
     torch = sys.modules["torch"]
-    if _writer is not None:  # a suspend failed while the files were still being written
+    if _writer is not None:  # a suspend failed while the files were being made durable
         _writer.join()
         _writer = None
     count, total = len(_offloaded), sum(size for _st, _off, size in _offloaded)
-    host = _host
-    stripes = _Stripes.open(path) if host is None else None
-    read: Callable[[int, int, int], None] = host.read_into if host is not None else cast(_Stripes, stripes).read_placed
+    stripes = _Stripes.open(path)
     try:
         for st, _offset, size in _offloaded:
             st.resize_(size)
         t_allocated = time.perf_counter()
         targets = [(_bytes_of(torch, st), offset, size) for st, offset, size in _offloaded]
         with _Staging(torch, READERS) as staging, ThreadPoolExecutor(READERS) as pool:
-            staging.upload(pool, read, targets)  # reads run ahead across storages, many are small
+            staging.upload(pool, stripes.read_placed, targets)  # reads run ahead across storages, many are small
         torch.cuda.synchronize()
         _offloaded.clear()
         _placed.clear()
     finally:
-        if stripes is not None:
-            stripes.close()
-    if host is not None:
-        host.release()
-        _host = None
+        stripes.close()
     _Stripes.remove_folder(path)
     if os.path.exists(path + WRITTEN):
         os.unlink(path + WRITTEN)
@@ -144,17 +136,16 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
             "alloc_s": round(t_allocated - t0, 3)}
 
 
-def _download(torch: Any, storages: list[Any], stripes: _Stripes, host: _HostCopy | None) -> None:
-    """Every storage's bytes into the files or the host copy, streamed through the staging
-    buffers; the copies out of the staging buffers run in parallel behind the device copies."""
+def _download(torch: Any, storages: list[Any], stripes: _Stripes) -> None:
+    """Every storage's bytes into the files, streamed through the staging buffers; the writes
+    out of the staging buffers run in parallel behind the device copies."""
     offset = 0
     pending = []
     with _Staging(torch, WRITERS) as staging, ThreadPoolExecutor(WRITERS) as pool:
         for st in storages:
             size = st.nbytes()
             for chunk_off, n, buf, done in staging.download(_bytes_of(torch, st), size):
-                copy = stripes.write_placed if host is None else host.copy_in
-                pending.append(pool.submit(_then_set, done, copy, buf.data_ptr(), n, offset + chunk_off))
+                pending.append(pool.submit(_then_set, done, stripes.write_placed, buf.data_ptr(), n, offset + chunk_off))
             _offloaded.append((st, offset, size))
             offset += size
     for future in pending:
@@ -174,33 +165,6 @@ def _mark_written(path: str, status: str) -> None:
     with open(tmp, "w") as f:
         f.write(status)
     os.replace(tmp, path + WRITTEN)
-
-
-def _room_for_host_copy(total: int) -> bool:
-    """Whether memory holds the host copy beside everything else: a suspend must never push the
-    machine into the OOM killer."""
-    return total + HOST_HEADROOM < _available_memory()
-
-
-def _available_memory() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) << 10
-    return 0
-
-
-def _in_memory_fs(path: str) -> bool:
-    """Whether ``path`` lies on tmpfs/ramfs (the mount with the longest matching prefix)."""
-    path = os.path.realpath(path)
-    best, fstype = "", ""
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            fields = line.split()
-            mount = fields[1].replace("\\040", " ")
-            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
-                best, fstype = mount, fields[2]
-    return fstype in ("tmpfs", "ramfs")
 
 
 class _Stripes:
@@ -277,8 +241,8 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 def _map_huge(size: int) -> int | None:
     """Anonymous memory outside Python's allocators (unmapped the moment it is done with), backed
-    by transparent huge pages where the kernel allows it (they fault in 2-4x faster); None if
-    the mapping fails."""
+    by transparent huge pages where the kernel allows it (they fault in 2-4x faster than 4 KiB
+    pages); None if the mapping fails."""
     import mmap
 
     address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
@@ -286,56 +250,6 @@ def _map_huge(size: int) -> int | None:
         return None
     _libc.madvise(address, size, mmap.MADV_HUGEPAGE)  # best effort: THP may be off
     return int(address)
-
-
-class _HostCopy:
-    """Host memory for the tensors' bytes on their way to a disk store, written out chunk by chunk
-    as the chunks arrive."""
-
-    def __init__(self, address: int, size: int, stripes: _Stripes) -> None:
-        self.address, self.size, self.stripes = address, size, stripes
-        self.writers = ThreadPoolExecutor(WRITERS)
-        self.writes: list[Future[None]] = []
-
-    @classmethod
-    def allocate(cls, size: int, stripes: _Stripes) -> _HostCopy | None:
-        address = _map_huge(size)
-        return None if address is None else cls(address, size, stripes)
-
-    def copy_in(self, src: int, n: int, offset: int) -> None:
-        """A chunk from a staging buffer; its write to the files starts at once."""
-        ctypes.memmove(self.address + offset, src, n)  # releases the GIL: the copies run in parallel
-        self.writes.append(self.writers.submit(self.stripes.write_placed, self.address + offset, n, offset))
-
-    def finish(self) -> None:
-        """Background: wait for the writes, fsync, unmap, mark the files written (or failed,
-        keeping the copy: the tensors are refilled from it)."""
-        global _host
-        try:
-            for write in self.writes:
-                write.result()
-            self.stripes.sync()
-        except BaseException as e:
-            _mark_written(self.stripes.folder, f"{type(e).__name__}: {e}")
-            return
-        finally:
-            self.writers.shutdown()
-            self.stripes.close()
-        _host = None
-        self.release()
-        _mark_written(self.stripes.folder, "ok")
-
-    def abandon(self) -> None:
-        self.writers.shutdown(cancel_futures=True)
-        self.release()
-
-    def read_into(self, dst: int, n: int, offset: int) -> None:
-        ctypes.memmove(dst, self.address + offset, n)
-
-    def release(self) -> None:
-        if self.address:
-            _libc.munmap(self.address, self.size)
-            self.address = 0
 
 
 def _cuda_storages(torch: Any) -> Iterator[Any]:
