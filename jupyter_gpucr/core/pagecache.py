@@ -28,12 +28,8 @@ def prefetch(paths: Iterable[Path]) -> int:
     before = thread.ionice()
     thread.ionice(psutil.IOPRIO_CLASS_IDLE)
     try:
-        total = 0
         buf = bytearray(CHUNK)
-        for path in paths:
-            for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
-                total += _read(file, buf)
-        return total
+        return sum(_read(file, buf) for file in _files(paths))
     finally:
         thread.ionice(before.ioclass, before.value if before.ioclass not in (0, psutil.IOPRIO_CLASS_IDLE) else None)
 
@@ -41,26 +37,9 @@ def prefetch(paths: Iterable[Path]) -> int:
 def read_ahead(paths: Iterable[Path], stop: threading.Event, threads: int = 8) -> int:
     """Read every file under ``paths`` into the page cache with ``threads`` readers (a disk gives
     its whole bandwidth only to several), until done or ``stop`` is set; returns the bytes read."""
-    files = [f for path in paths for f in (sorted(path.rglob("*")) if path.is_dir() else [path]) if f.is_file()]
-
-    def read(file: Path) -> int:
-        buf = bytearray(CHUNK)
-        done = 0
-        try:
-            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return 0
-        try:
-            while not stop.is_set() and (n := os.readv(fd, [buf])):
-                done += n
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        return done
-
+    files = _files(paths)
     with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
-        return sum(pool.map(read, files))
+        return sum(pool.map(lambda file: _read(file, bytearray(CHUNK), stop), files))
 
 
 def in_memory(path: Path) -> bool:
@@ -75,7 +54,12 @@ def in_memory(path: Path) -> bool:
     return fstype in ("tmpfs", "ramfs")
 
 
-def _read(file: Path, buf: bytearray) -> int:
+def _files(paths: Iterable[Path]) -> list[Path]:
+    return [file for path in paths for file in (sorted(path.rglob("*")) if path.is_dir() else [path])]
+
+
+def _read(file: Path, buf: bytearray, stop: threading.Event | None = None) -> int:
+    """Read one regular file through ``buf`` (until ``stop`` is set); what fails is skipped."""
     try:
         fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -85,7 +69,7 @@ def _read(file: Path, buf: bytearray) -> int:
         if not os.path.isfile(f"/proc/self/fd/{fd}"):
             return 0
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while n := os.readv(fd, [buf]):
+        while (stop is None or not stop.is_set()) and (n := os.readv(fd, [buf])):
             done += n
     except OSError:
         pass

@@ -95,10 +95,10 @@ class GPUCR(Configurable):
 
     offload_gpu_tensors = Bool(
         True, config=True,
-        help="Before a whole-process suspend, have the kernel (gpucr_hooks) move its PyTorch CUDA tensors "
-        "through pinned buffers into host memory and free them, so the GPU is free sooner and the driver and "
-        "CRIU handle only the rest; the kernel writes them to the store while the GPU is released (CRIU waits "
-        "for that) and they are refilled right after the restore. Off for code that keeps raw device "
+        help="Before a whole-process suspend, have the kernel (gpucr_hooks) write its PyTorch CUDA tensors "
+        "into the store through pinned buffers with parallel writers and free them, so the GPU is free sooner "
+        "and the driver and CRIU handle only the rest; the kernel fsyncs them while the GPU is released (CRIU "
+        "waits for that) and they are refilled right after the restore. Off for code that keeps raw device "
         "pointers (CUDA graphs).",
     )
     prefetch_on_open = Bool(
