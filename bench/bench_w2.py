@@ -140,16 +140,20 @@ class GpuFreeWatch:
 
 
 def kernel_huge_pages(kernel_id: str) -> int:
-    """Bytes of the kernel process's anonymous memory in transparent huge pages (CRIU restores in
-    4 KiB pages; a cell that runs slower after a restore may be why)."""
+    """Bytes of the kernel's anonymous memory in transparent huge pages, its process tree (a
+    namespace holder may lead it) summed (CRIU restores in 4 KiB pages)."""
     for p in psutil.process_iter(["cmdline"]):
         if kernel_id in " ".join(p.info["cmdline"] or []):
-            try:
-                with open(f"/proc/{p.pid}/smaps_rollup") as f:
-                    return next(int(line.split()[1]) << 10 for line in f if line.startswith("AnonHugePages:"))
-            except (OSError, StopIteration):
-                return 0
+            return sum(_anon_huge_pages(c.pid) for c in [p, *p.children(recursive=True)])
     return 0
+
+
+def _anon_huge_pages(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next((int(line.split()[1]) << 10 for line in f if line.startswith("AnonHugePages:")), 0)
+    except OSError:
+        return 0
 
 
 def kernel_rss(kernel_id: str) -> int:
@@ -167,7 +171,8 @@ def drop_from_memory(store: Path) -> float:
     return resident_fraction(files)
 
 
-def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool) -> tuple[list[dict], float, float, dict | None]:
+def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
+                 gap: float) -> tuple[list[dict], float, float, dict | None]:
     setup, cell = code(kind)
     kid, ws = server.kernel("w2.ipynb")
     t0 = time.perf_counter()
@@ -179,6 +184,8 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool) -> tuple[li
     warm_before = time.perf_counter() - t0  # the cell in the kernel as started, for the warm cells after resumes
     rows = []
     for i in range(rounds):
+        if i:
+            time.sleep(gap)  # the user works on, then goes idle: what runs after a restore has this long
         rss, huge_before = kernel_rss(kid), kernel_huge_pages(kid)
         watch = GpuFreeWatch() if kind == "gpu" else None
         t0 = time.perf_counter()
@@ -290,6 +297,7 @@ def main() -> None:
     ap.add_argument("--store", default=None, help="checkpoint store (default: a temporary directory)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-raw", action="store_true")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between a round's warm cell and the next suspend")
     ap.add_argument("--cold", action="store_true", help="evict the store from the page cache before each resume, "
                     "and measure the store's disk bandwidth in the same run")
     ap.add_argument("--json-out")
@@ -300,7 +308,7 @@ def main() -> None:
     cuda.unavailable_reason()
     server = Server(work, store / "gpucr", work / "server.log")
     try:
-        rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds, args.cold)
+        rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds, args.cold, args.gap)
     finally:
         server.stop()
     raw = None if args.no_raw else raw_round(store, args.kind)

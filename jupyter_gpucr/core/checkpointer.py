@@ -209,6 +209,7 @@ class Checkpointer:
             intent = self._intent(name, rec, pid, ns_pid, cuda_ns_pids, used, machine_gpus, reason, leave_running, extra)
             self.store.write_intent(tmp, intent)
             progress("gpu-checkpoint", 0, estimate)
+            timings["checks"] = time.perf_counter() - t0  # what runs before the GPU is touched
             for p in cuda_pids:
                 cuda.lock(p, self.lock_timeout_ms)
                 locked.append(p)
