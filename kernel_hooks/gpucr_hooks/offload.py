@@ -12,7 +12,7 @@ which is the host copy: a background thread fsyncs the files and leaves a marker
 process, so the image never holds the tensors twice and nothing is reported suspended before it is
 durable. A full disk fails the writes before anything left the GPU.
 
-After the restore each storage is given its size back and refilled from the file. What is not
+After the restore each storage is given its size back and refilled from the files. What is not
 found here (tensors only C++ holds, CUDA graphs' pools) still goes through the driver's
 checkpoint: correctness never depends on finding every tensor.
 
@@ -39,9 +39,9 @@ READERS = min(16, os.cpu_count() or 1)  # reads from the page cache scale furthe
 MIN_BYTES = 1 << 20  # small storages are not worth a round trip; the driver takes them
 WRITTEN = ".written"  # suffix of the folder's marker the server waits for before the dump (engines.OFFLOAD_WRITTEN)
 
-#: (storage, offset in the host copy, size) of each storage currently off the GPU, and where each
-#: of their chunks lies in the files (by offset in the host copy: stripe, offset in it); kept in the
-#: process, so a restored process knows what to refill (CRIU restores these with the rest).
+#: (storage, offset, size) of each storage currently off the GPU, its bytes numbered as if the
+#: storages lay end to end, and where each of their chunks went (by that offset: file, offset in
+#: it); kept in the process, so a restored process knows what to refill (CRIU restores these).
 _offloaded: list[tuple[Any, int, int]] = []
 _placed: dict[int, tuple[int, int]] = {}
 _folder: str | None = None
@@ -169,8 +169,8 @@ def _mark_written(path: str, status: str) -> None:
 
 class _Stripes:
     """The offload's files in one folder, one per writer: each write takes a file no other thread
-    is writing, appends the chunk and records where it went in ``_placed`` (by the chunk's offset in
-    the host copy's numbering), so parallel writes never wait on each other."""
+    is writing, appends the chunk and records where it went in ``_placed`` (by the chunk's offset
+    in the storages' end-to-end numbering), so parallel writes never wait on each other."""
 
     def __init__(self, folder: str, fds: list[int]) -> None:
         self.folder, self.fds = folder, fds
@@ -337,7 +337,7 @@ class _Staging:
     def upload(self, pool: ThreadPoolExecutor, read: Callable[[int, int, int], None],
                targets: list[tuple[Any, int, int]]) -> None:
         """Bytes at each ``(dst, offset, size)`` into ``dst``; ``read(address, n, offset)`` fills a
-        staging buffer (from the file or the host copy) and runs ahead on the pool while earlier
+        staging buffer (from the files) and runs ahead on the pool while earlier
         chunks are copied up."""
         chunks: list[tuple[Any, int, int, Any, threading.Event, Any]] = []
         for dst, offset, size in targets:
