@@ -11,7 +11,13 @@ import type { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { timeValue } from './format';
-import { emptyState, isTransient, mergeEvent, stateChanged } from './state';
+import {
+  emptyState,
+  isTransient,
+  mergeEvent,
+  PollOrder,
+  stateChanged
+} from './state';
 import {
   ICheckpoint,
   IDoctorReport,
@@ -333,12 +339,17 @@ export class GpucrModel implements IDisposable {
 
   /** Fetch one kernel's state now. */
   async refreshKernel(kernelId: string): Promise<IKernelState | undefined> {
+    const asked = this._order.ask();
     try {
       const state = await this.client.getKernel(kernelId);
       this._available = true;
-      this._applyPolled(kernelId, state);
+      this._applyPolled(kernelId, state, asked);
     } catch (error) {
-      if (error instanceof GpucrRequestError && error.status === 404) {
+      if (
+        error instanceof GpucrRequestError &&
+        error.status === 404 &&
+        !this._order.isStale(kernelId, asked)
+      ) {
         this._setState(kernelId, undefined);
       }
       // Network errors: keep the last known state.
@@ -352,6 +363,7 @@ export class GpucrModel implements IDisposable {
    */
   async refreshKernels(): Promise<string | null> {
     let states: IKernelState[];
+    const asked = this._order.ask();
     try {
       states = await this.client.listKernels();
     } catch (error) {
@@ -367,10 +379,14 @@ export class GpucrModel implements IDisposable {
     const seen = new Set<string>();
     for (const state of states) {
       seen.add(state.kernel_id);
-      this._applyPolled(state.kernel_id, state);
+      this._applyPolled(state.kernel_id, state, asked);
     }
     for (const kernelId of [...this._kernels.keys()]) {
-      if (!seen.has(kernelId) && !this._inflight.has(kernelId)) {
+      if (
+        !seen.has(kernelId) &&
+        !this._inflight.has(kernelId) &&
+        !this._order.isStale(kernelId, asked)
+      ) {
         this._setState(kernelId, undefined);
       }
     }
@@ -576,6 +592,7 @@ export class GpucrModel implements IDisposable {
       return true;
     }
     this._available = true;
+    this._order.event(data.kernel_id);
     this._restoreGuess.delete(data.kernel_id);
     const previous = this._kernels.get(data.kernel_id);
     this._setState(data.kernel_id, mergeEvent(previous, data));
@@ -602,7 +619,14 @@ export class GpucrModel implements IDisposable {
     Signal.clearData(this);
   }
 
-  private _applyPolled(kernelId: string, state: IKernelState): void {
+  private _applyPolled(
+    kernelId: string,
+    state: IKernelState,
+    asked: number
+  ): void {
+    if (this._order.isStale(kernelId, asked)) {
+      return; // an event told something newer meanwhile; the next poll follows
+    }
     const normalized = Private.normalize(kernelId, state);
     const op = this._inflight.get(kernelId);
     if (op && !isTransient(normalized.state)) {
@@ -719,6 +743,7 @@ export class GpucrModel implements IDisposable {
   private _watched = new Set<string>();
   private _inflight = new Map<string, 'suspend' | 'resume'>();
   private _restoreGuess = new Map<string, number>();
+  private _order = new PollOrder();
   private _pollInterval: number;
   private _timer: ReturnType<typeof setTimeout> | null = null;
   private _isDisposed = false;

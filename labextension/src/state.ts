@@ -598,3 +598,30 @@ export function groupForPanel(
     checkpoints: checkpoints.filter(c => !used.has(c.id))
   };
 }
+
+/**
+ * Orders the two ways a kernel's state reaches the browser. A poll answered
+ * after an event may have been asked before it, and would then put back an
+ * older state (a status bar going restoring → suspended → restoring). A
+ * logical clock: each poll takes a number when it is asked, each event one
+ * when it is applied.
+ */
+export class PollOrder {
+  /** A poll is about to be asked; give the number to `isStale` with its answer. */
+  ask(): number {
+    return ++this._clock;
+  }
+
+  /** An event for the kernel was applied. */
+  event(kernelId: string): void {
+    this._events.set(kernelId, ++this._clock);
+  }
+
+  /** Whether the answer of the poll asked as `asked` predates the kernel's last event. */
+  isStale(kernelId: string, asked: number): boolean {
+    return (this._events.get(kernelId) ?? 0) > asked;
+  }
+
+  private _clock = 0;
+  private _events = new Map<string, number>();
+}

@@ -14,6 +14,7 @@ import {
   kernelLabel,
   kindLabel,
   mergeEvent,
+  PollOrder,
   stateChanged,
   TOAST_MAX,
   transitionNotice,
@@ -625,5 +626,27 @@ describe('groupForPanel', () => {
       groups.checkpoints.map(c => c.id),
       ['old', 'orphan']
     );
+  });
+});
+
+describe('PollOrder', () => {
+  const K = 'kernel-a';
+
+  it('drops a poll asked before an event it is answered after', () => {
+    const order = new PollOrder();
+    const asked = order.ask(); // GET asked while the kernel is suspended
+    order.event(K); // the server's "restoring" event arrives first
+    assert.equal(order.isStale(K, asked), true);
+  });
+
+  it('keeps a poll asked after the event, and polls of other kernels', () => {
+    const order = new PollOrder();
+    order.event(K);
+    const asked = order.ask();
+    assert.equal(order.isStale(K, asked), false);
+    const early = new PollOrder();
+    const before = early.ask();
+    early.event('kernel-b');
+    assert.equal(early.isStale(K, before), false);
   });
 });
