@@ -139,13 +139,19 @@ class GpuFreeWatch:
         return self.freed_after
 
 
-def kernel_huge_pages(kernel_id: str) -> int:
-    """Bytes of the kernel's anonymous memory in transparent huge pages, its process tree (a
-    namespace holder may lead it) summed (CRIU restores in 4 KiB pages)."""
+def kernel_tree(kernel_id: str) -> list[psutil.Process]:
+    """The kernel's process tree: its holder's command line names the kernel (a namespace holder
+    may lead it)."""
     for p in psutil.process_iter(["cmdline"]):
         if kernel_id in " ".join(p.info["cmdline"] or []):
-            return sum(_anon_huge_pages(c.pid) for c in [p, *p.children(recursive=True)])
-    return 0
+            return [p, *p.children(recursive=True)]
+    return []
+
+
+def kernel_huge_pages(kernel_id: str) -> int:
+    """Bytes of the kernel tree's anonymous memory in transparent huge pages (CRIU restores in
+    4 KiB pages)."""
+    return sum(_anon_huge_pages(p.pid) for p in kernel_tree(kernel_id))
 
 
 def _anon_huge_pages(pid: int) -> int:
@@ -157,11 +163,8 @@ def _anon_huge_pages(pid: int) -> int:
 
 
 def kernel_rss(kernel_id: str) -> int:
-    """Host memory of the kernel's process tree (its holder's command line names the kernel)."""
-    for p in psutil.process_iter(["cmdline"]):
-        if kernel_id in " ".join(p.info["cmdline"] or []):
-            return sum(c.memory_info().rss for c in [p, *p.children(recursive=True)])
-    return 0
+    """Host memory of the kernel's process tree."""
+    return sum(p.memory_info().rss for p in kernel_tree(kernel_id))
 
 
 def drop_from_memory(store: Path) -> float:

@@ -133,13 +133,14 @@ class CriuEngine(SuspendEngine):
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         tensors = self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR
+        offloaded = tensors.exists()
         stop = threading.Event()
         ahead = (asyncio.ensure_future(asyncio.to_thread(pagecache.read_ahead, [tensors], stop))
-                 if tensors.exists() and not pagecache.in_memory(tensors) else None)
+                 if offloaded and not pagecache.in_memory(tensors) else None)
         try:
             running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
             km.provisioner.adopt(running.started)
-            if tensors.exists():
+            if offloaded:
                 await self._refill(kernel_id, km, running.timings, progress)
         finally:
             stop.set()  # restored and refilled, or failed: nothing more is worth reading
