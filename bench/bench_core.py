@@ -52,7 +52,7 @@ def gpucr_round(store: Path, kind: str, size_gb: float) -> dict:
     row = {"path": "gpucr", "kind": kind, "size_gb": size_gb, "gpu_mib": sum(u["memory_used"] for u in used) >> 20,
            "image_bytes": ckpt.size, "gpu_free_s": t.get("gpu_free"), "dump_s": t["dump"], "checksum_s": t["checksum"],
            "checkpoint_s": wall_ckpt, "restore_s": wall_restore, "criu_restore_s": running.timings["criu_restore"],
-           "gpu_restore_s": running.timings.get("gpu_restore"), "verify_s": running.timings["verify"], "state_ok": ok}
+           "gpu_restore_s": running.timings.get("gpu_restore"), "verify_s": running.timings.get("verify_wait", 0.0), "state_ok": ok}
     cr.remove(name, kill=True)
     return row
 

@@ -100,7 +100,7 @@ def _occupy_pid(pid: int) -> subprocess.Popen:
 
 
 def test_damaged_checkpoint_is_refused_and_kept(criu_path, store_dir, tmp_path):
-    start_agent(store_dir, "damaged", tmp_path, mb=20)
+    _hello, counts = start_agent(store_dir, "damaged", tmp_path, mb=20)
     cr = Checkpointer(store_dir)
     ckpt = cr.checkpoint("damaged")
     pages = max(ckpt.images.glob("pages-*.img"), key=lambda p: p.stat().st_size)
@@ -114,6 +114,12 @@ def test_damaged_checkpoint_is_refused_and_kept(criu_path, store_dir, tmp_path):
     assert "is damaged" in res.stderr and "checksum mismatch" in res.stderr and "kept" in res.stderr
     assert ckpt.path.is_dir() and pages.exists()
     assert cr.status("damaged")["state"] == "checkpointed"
+    # CRIU restored it (the flipped byte is data) while the images were hashed: it was never let run
+    status_arg = f"--status={store_dir / 'procs' / 'damaged' / '.status'}"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if status_arg in (p.info["cmdline"] or [])]
+    ticks = counts.read_text()
+    time.sleep(1)
+    assert counts.read_text() == ticks
     with pytest.raises(CheckpointDamagedError):
         cr.restore("damaged")
     cr.remove("damaged")

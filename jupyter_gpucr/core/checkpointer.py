@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -341,18 +342,28 @@ class Checkpointer:
             if psutil.virtual_memory().available < need:
                 raise PreconditionError(f"Not enough host memory to stage {need >> 20} MiB of GPU memory.",
                                         "Free host memory and try again. The checkpoint is kept.")
+        verifying = None
         if self.verify:
             progress("verifying", 0, ckpt.size)
-            ckpt.verify("images")
-        timings = {"verify": time.perf_counter() - t0}
+            ckpt.verify("images", contents=False)  # a missing or cut-short file is refused before anything starts
+            verifying = _in_background(ckpt.verify, "images")  # the contents are hashed while CRIU reads them
+        timings = {"checks": time.perf_counter() - t0}
         progress("restoring", 0, ckpt.size)
         # What recovery needs if this process dies before the restored one is recorded as running.
         self.store.write_proc(name, {**rec, "restoring": {"checkpoint": ckpt.id, "ns_pid": ckpt.manifest.get("ns_pid"),
                                                           "gpu_map": gpu_map, "since": time.time(), "by": os.getpid()}})
         t1 = time.perf_counter()
         try:
-            started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach)
+            try:
+                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach, leave_stopped=verifying is not None)
+            except GPUCRError:
+                if verifying is not None:
+                    verifying.result()  # CRIU failed on a damaged image: say that, not what CRIU tripped over
+                raise
             timings["criu_restore"] = time.perf_counter() - t1
+            if verifying is not None:
+                self._continue_if_intact(started, verifying)
+                timings["verify_wait"] = time.perf_counter() - t1 - timings["criu_restore"]
             if used:
                 progress("gpu-restore", 0, ckpt.size)
                 t2 = time.perf_counter()
@@ -383,13 +394,27 @@ class Checkpointer:
                 f"{gpus.driver_version() or 'no NVIDIA driver'}.",
                 "Restore on a machine with the same driver, or use the snapshot engine. The checkpoint is kept.")
 
-    def _spawn_restore(self, name: str, images: Path, workdir: Path, detach: bool = True) -> Started:
+    @staticmethod
+    def _continue_if_intact(started: Started, verifying: Future[None]) -> None:
+        """CRIU left the restored tree stopped while its images were hashed: continue it when they
+        were intact; otherwise stop it for good (the whole namespace) and report the damage."""
+        try:
+            verifying.result()
+        except BaseException:
+            os.kill(started.holder_pid, signal.SIGKILL)  # unshare --kill-child takes the namespace with it
+            wait_gone(started.pid, 10)
+            raise
+        for p in tree(started.pid):
+            os.kill(p, signal.SIGCONT)
+
+    def _spawn_restore(self, name: str, images: Path, workdir: Path, detach: bool = True,
+                       leave_stopped: bool = False) -> Started:
         d = self.store.proc_dir(name)
         pidfile = d / ".restore.pid"
         for attempt in range(2):
             pidfile.unlink(missing_ok=True)
             started = start_holder(["restore", f"--pidfile={pidfile}", "--",
-                                    *self.criu.restore_argv(images, workdir, pidfile)],
+                                    *self.criu.restore_argv(images, workdir, pidfile, leave_stopped)],
                                    d / ".status", detach=detach, log_path=d / "holder.log",
                                    timeout=RESTORE_TIMEOUT)
             if started is not None:
@@ -675,6 +700,15 @@ class Checkpointer:
                 self.store.delete(cid)
         self.store.remove_proc(name)
         return removed
+
+
+def _in_background(fn: Callable[..., None], *args: Any) -> Future[None]:
+    """``fn(*args)`` on a thread of its own; the future carries its outcome."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gpucr-verify")
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _rewind_grown_log(line: str, proc_dir: Path) -> bool:

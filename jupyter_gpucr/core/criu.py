@@ -206,11 +206,12 @@ class Criu:
             raise EngineError(f"CRIU could not dump process {pid}: {failure.line}", hint)
         return elapsed
 
-    def restore_argv(self, images: Path, workdir: Path, pidfile: Path) -> list[str]:
-        """``criu restore`` as the holder runs it, detached, writing the restored root's PID."""
+    def restore_argv(self, images: Path, workdir: Path, pidfile: Path, leave_stopped: bool = False) -> list[str]:
+        """``criu restore`` as the holder runs it, detached, writing the restored root's PID;
+        ``leave_stopped`` keeps every restored task stopped until the caller sends SIGCONT."""
         return [
             self.path, "restore", "-D", str(images), "-W", str(workdir), "-o", "restore.log",
-            *COMMON_OPTS, "--restore-detached", "--pidfile", str(pidfile),
+            *COMMON_OPTS, "--restore-detached", "--pidfile", str(pidfile), *(["--leave-stopped"] if leave_stopped else []),
         ]
 
 
