@@ -37,7 +37,7 @@ def test_parallel_chunks_come_back_from_where_they_were_placed(folder):
         with ThreadPoolExecutor(8) as pool:  # more threads than files: a write waits for a free file
             list(pool.map(lambda i: stripes.write_placed(ctypes.addressof(buffers[i]), len(chunks[i]), offsets[i]),
                           range(len(chunks))))
-        stripes.sync()
+        stripes.close()
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
         files = sorted(os.listdir(folder))
         assert files == ["0.bin", "1.bin", "2.bin", "3.bin"]

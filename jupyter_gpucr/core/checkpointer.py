@@ -15,7 +15,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -42,7 +42,7 @@ from .errors import (
 from .launcher import HOLDER, Started, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
-from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, name_of_id, private_files, read_json
+from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, fsync_tree, name_of_id, private_files, read_json
 
 Progress = Callable[[str, int, int], None]
 
@@ -171,11 +171,17 @@ class Checkpointer:
     # -- checkpoint ----------------------------------------------------------------------
     def checkpoint(self, target: str | int, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
-                   before_dump: Callable[[], None] | None = None) -> Checkpoint:
+                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = ()) -> Checkpoint:
         """Write a verified checkpoint of the process; without ``leave_running`` it is gone
         afterwards and its GPU memory is free. ``before_dump`` runs once the GPU is released and
         before CRIU freezes the process (a process finishing work it started before the
-        checkpoint, without the GPU); if it raises, the process runs on as before."""
+        checkpoint, without the GPU); if it raises, the process runs on as before.
+        ``also_durable``: folders beside the image that the checkpoint needs (a kernel's offloaded
+        tensors); they are flushed to disk while CRIU dumps.
+
+        CRIU leaves the dumped process stopped, not killed: it is stopped for good only once the
+        image and ``also_durable`` are on disk, so a power loss never finds it gone and its
+        checkpoint incomplete."""
         name, rec = self.resolve(target)
         d = self.store.proc_dir(name)
         with exclusive(d, name, "checkpoint"):
@@ -186,11 +192,11 @@ class Checkpointer:
                 raise StateError(f"{name!r} is not running (state: {self._state(rec)}).",
                                  f"Restore it with 'gpucr restore {name}'." if rec.get("checkpoint") else "")
             return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
-                                           before_dump)
+                                           before_dump, list(also_durable))
 
     def _checkpoint_locked(self, name: str, rec: dict[str, Any], pid: int, leave_running: bool, reason: str,
                            extra: dict[str, Any], progress: Progress,
-                           before_dump: Callable[[], None] | None) -> Checkpoint:
+                           before_dump: Callable[[], None] | None, also_durable: list[Path]) -> Checkpoint:
         t0 = time.perf_counter()
         hugepages.stop(pid)  # a suspend never waits for the huge pages of the last restore
         criu = self.criu
@@ -222,9 +228,11 @@ class Checkpointer:
                 t1 = time.perf_counter()
                 before_dump()
                 timings["before_dump"] = time.perf_counter() - t1
+            flushing = _in_background(_fsync_trees, also_durable) if also_durable else None
             progress("dumping", 0, estimate)
             with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests:
                 timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running,
+                                            leave_stopped=not leave_running,
                                             keep_log=self.store.proc_dir(name) / "dump-failed.log")
         except BaseException as e:
             problems = cuda.put_back(locked)
@@ -243,6 +251,10 @@ class Checkpointer:
             t1 = time.perf_counter()
             files = digests.result()
             timings["checksum"] = time.perf_counter() - t1
+            if flushing is not None:
+                t1 = time.perf_counter()
+                flushing.result()
+                timings["flush_wait"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
             manifest = {**intent, "created": time.time(), "size": sum(int(f["size"]) for f in files.values()),
                         "files": files, "timings": timings}
@@ -251,10 +263,10 @@ class Checkpointer:
             if leave_running:
                 self.store.discard(tmp)
                 raise EngineError(f"Finishing the checkpoint failed: {e}. The process kept running.") from e
-            raise self._put_back_from(tmp, name, rec, cuda_ns_pids, e) from e
+            raise self._put_back_from(tmp, name, rec, cuda_ns_pids, e, pid) from e
         rec = {**rec, "checkpoint": cid}
         if not leave_running:
-            wait_gone(pid, 10)
+            _stop_for_good(pid)
             rec.update(state="checkpointed", pid=None, suspended_at=time.time())
         self.store.write_proc(name, rec)
         self.store.apply_retention(name, self.keep_last, self.max_bytes)
@@ -298,11 +310,13 @@ class Checkpointer:
         }
 
     def _put_back_from(self, tmp: Path, name: str, rec: dict[str, Any], cuda_ns_pids: list[int],
-                       cause: BaseException) -> GPUCRError:
+                       cause: BaseException, stopped: int) -> GPUCRError:
         """The dump finished but the checkpoint could not be committed: restore from the
         temporary images (GPU state onto the same GPUs) so the process is not lost; keep the images
-        if even that fails. The error carries ``started``: whoever tracked the process (the server's
-        provisioner) must adopt the restored one."""
+        if even that fails. The process CRIU left ``stopped`` cannot simply continue (its TCP
+        connections stay in CRIU's repair mode), so it goes first. The error carries ``started``:
+        whoever tracked the process (the server's provisioner) must adopt the restored one."""
+        _stop_for_good(stopped)
         try:
             started = self._spawn_restore(name, tmp / "images", tmp)
             self._restore_gpu(started, cuda_ns_pids, {})
@@ -542,16 +556,17 @@ class Checkpointer:
     def _recover_locked(self, name: str) -> Recovery:
         rec = read_json(self.store.procs_root / name / "run.json") or {}
         pid = self._find_workload(name, rec)
-        if pid and self._dumped_to_stop(name):
-            wait_gone(pid, 10)  # CRIU kills what it dumped before it exits, but dying takes a moment
-            pid = self._find_workload(name, rec)
-        notes = self._resume(name, rec, pid) if pid else []
+        held = bool(pid) and self._dumped_to_stop(name)  # dumped, stopped until its checkpoint is durable
+        notes = self._resume(name, rec, pid) if pid and not held else []
         committed = []
         for tmp in self.store.tmp_dirs(name):
             ckpt, note = self._settle_tmp(tmp)
             notes.append(note)
             if ckpt:
                 committed.append(ckpt.id)
+        if held and committed:  # the checkpoint is complete now: finish the suspend
+            _stop_for_good(cast(int, pid))
+            pid = None
         if committed:
             self.store.apply_retention(name, self.keep_last, self.max_bytes)
         if pid:
@@ -573,16 +588,16 @@ class Checkpointer:
     def _resume(self, name: str, rec: dict[str, Any], pid: int) -> list[str]:
         """Make a live process run normally whatever point its suspend or restore reached."""
         notes = []
-        problems = cuda.put_back(tree(pid), (rec.get("restoring") or {}).get("gpu_map") or None)
-        if problems:
-            notes.append(f"Putting its GPU state back failed: {'; '.join(problems)}; check it with nvidia-smi.")
-        for p in tree(pid):
+        for p in tree(pid):  # first, as a restore does: the driver restores a running process
             try:
                 if psutil.Process(p).status() == psutil.STATUS_STOPPED:
                     os.kill(p, signal.SIGCONT)
                     notes.append(f"Continued its stopped task {p}.")
             except (psutil.Error, OSError):
                 continue
+        problems = cuda.put_back(tree(pid), (rec.get("restoring") or {}).get("gpu_map") or None)
+        if problems:
+            notes.append(f"Putting its GPU state back failed: {'; '.join(problems)}; check it with nvidia-smi.")
         restoring = (rec.get("restoring") or {}).get("checkpoint")
         image_dirs = [t / "images" for t in self.store.tmp_dirs(name)]
         image_dirs += [self.store.checkpoints_root / restoring / "images"] if restoring else []
@@ -700,6 +715,26 @@ class Checkpointer:
                 self.store.delete(cid)
         self.store.remove_proc(name)
         return removed
+
+
+def _stop_for_good(pid: int) -> None:
+    """End a process tree that a dump left stopped (as CRIU would have at the end of the dump)."""
+    try:
+        pids = tree(pid)
+    except psutil.Error:
+        return
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    wait_gone(pid, 10)
+
+
+def _fsync_trees(roots: list[Path]) -> None:
+    for root in roots:
+        if root.exists():
+            fsync_tree(root)
 
 
 def _in_background(fn: Callable[..., None], *args: Any) -> Future[None]:

@@ -178,8 +178,10 @@ class Criu:
         return proc.returncode == 0 and "Looks good" in out, out
 
     def dump(self, pid: int, images: Path, workdir: Path, leave_running: bool = False,
-             keep_log: Path | None = None) -> float:
+             keep_log: Path | None = None, leave_stopped: bool = False) -> float:
         """Dump the tree rooted at host PID ``pid`` into ``images``; return the seconds it took.
+        Afterwards the tree runs on (``leave_running``), stays stopped (``leave_stopped``: the
+        caller ends it) or is killed.
 
         On failure CRIU resumes the tree, so the process keeps running; we raise with the reason,
         and CRIU's log is copied to ``keep_log`` (the work directory is discarded).
@@ -187,6 +189,8 @@ class Criu:
         argv = [self.path, "dump", "-D", str(images), "-W", str(workdir), "-o", "dump.log", *COMMON_OPTS, *DUMP_OPTS]
         if leave_running:
             argv.append("--leave-running")
+        elif leave_stopped:
+            argv.append("--leave-stopped")
         if in_own_pidns(pid):
             argv = ["nsenter", "-t", str(pid), "-p", "-m", "--", *argv, "-t", str(innermost_pid(pid))]
         else:

@@ -14,7 +14,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import psutil
 from ..core.checkpointer import Recovery, Running
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.launcher import Started
-from ..core.store import MANIFEST, Checkpoint, Store, make_private_dir, read_json, write_json_atomic
+from ..core.store import MANIFEST, Checkpoint, Store, fsync_tree, make_private_dir, read_json, write_json_atomic
 from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
 
 Progress = Callable[[str, int, int], None]
@@ -186,9 +186,12 @@ class DaemonCheckpointer:
 
     def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
-                   before_dump: Callable[[], None] | None = None) -> Checkpoint:
+                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = ()) -> Checkpoint:
         if before_dump is not None:  # the daemon's driver checkpoint and dump are one request
             before_dump()
+        for folder in also_durable:  # on disk before the daemon's dump ends the process
+            if folder.exists():
+                fsync_tree(folder)
         result = self.client.call("checkpoint", progress, name=target, leave_running=leave_running, reason=reason,
                                   extra=extra or {})
         ckpt = self.store.mirror(result["id"], result["manifest"])

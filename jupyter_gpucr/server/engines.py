@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,21 +24,16 @@ from ..core.checkpointer import Checkpointer
 from ..core.checksums import digest_tree
 from ..core.errors import EngineError, GPUCRError, PreconditionError, PutBackError
 from ..core.privileges import check_privileges
-from ..core.procs import is_alive
 from ..core.store import Checkpoint
 from . import kernel_rpc
 from .provisioner import GPUCRProvisioner
 
 Progress = Callable[[str, int, int], None]
-Detach = Callable[[], Awaitable[None]]
+Detach = Callable[[], Coroutine[Any, Any, None]]
 
 SNAPSHOT_PAYLOAD = "snapshot"
 #: The folder where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
 OFFLOAD_DIR = "gpu-tensors"
-#: Written by the kernel once OFFLOAD_DIR is complete and durable: "ok" or what went wrong. The
-#: suffix is gpucr_hooks.offload.WRITTEN (the server cannot import the kernel's hooks).
-OFFLOAD_WRITTEN = OFFLOAD_DIR + ".written"
-OFFLOAD_WRITE_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -98,38 +93,22 @@ class CriuEngine(SuspendEngine):
 
     async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
                       detach: Detach) -> Checkpoint:
-        await detach()
-        try:
+        loop = asyncio.get_running_loop()
+
+        def before_dump() -> None:
+            """The GPU is free by now: close the server's connections (and let their FINs go
+            out) before CRIU freezes the kernel."""
+            asyncio.run_coroutine_threadsafe(detach(), loop).result()
+
+        try:  # the tensors the kernel wrote beside the image reach the disk while CRIU dumps
             ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress,
-                                           self._offload_written(kernel_id, km.provisioner.kernel_pid))
+                                           before_dump, [self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR])
         except PutBackError as e:  # the dump finished, the commit failed: the process was restored anew
             km.provisioner.adopt(e.started)
             raise
         km.provisioner.mark_suspended()
         await km.provisioner.cleanup(restart=True)
         return ckpt
-
-    def _offload_written(self, kernel_id: str, pid: int | None) -> Callable[[], None]:
-        """Waits (in the checkpointer's thread, after the GPU is released) until the kernel has
-        written its offloaded tensors to disk, so that CRIU does not dump them a second time."""
-        d = self.checkpointer.store.proc_dir(kernel_id)
-
-        def wait() -> None:
-            if not (d / OFFLOAD_DIR).exists():
-                return
-            deadline = time.monotonic() + OFFLOAD_WRITE_TIMEOUT_S
-            while not (d / OFFLOAD_WRITTEN).exists():
-                if pid is not None and not is_alive(pid):
-                    raise EngineError("The kernel exited while writing its GPU tensors to disk.", "Restart the kernel.")
-                if time.monotonic() > deadline:
-                    raise EngineError(f"The kernel did not finish writing its GPU tensors to {d} within "
-                                      f"{OFFLOAD_WRITE_TIMEOUT_S:g} s.", "Check the store's disk; the kernel keeps running.")
-                time.sleep(0.01)
-            status = (d / OFFLOAD_WRITTEN).read_text()
-            if status != "ok":
-                raise EngineError(f"Writing the kernel's GPU tensors to {d} failed: {status}.",
-                                  "Free space where the checkpoints are stored and retry; the kernel keeps running.")
-        return wait
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         tensors = self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR

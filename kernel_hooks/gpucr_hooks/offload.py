@@ -7,10 +7,9 @@ buffers (about 50 GB/s) and written in parallel into a folder of the checkpoint 
 per writer thread (writes into one file queue on its lock: on the H200 machine tmpfs took 2.3 GB/s
 into one file, 17.7 GB/s into eight); then each storage is shrunk to zero bytes so its memory goes
 back to the allocator and the GPU can be released. The bytes are then in the page cache (or tmpfs),
-which is the host copy: a background thread fsyncs the files and leaves a marker
-(``<folder>.written``: ``ok`` or the error) that the server waits for before CRIU dumps the
-process, so the image never holds the tensors twice and nothing is reported suspended before it is
-durable. A full disk fails the writes before anything left the GPU.
+which is the host copy: the server makes the files durable while CRIU dumps the rest (the process
+is only stopped for good once both are), so the image never holds the tensors twice. A full disk
+fails the writes before anything left the GPU.
 
 After the restore each storage is given its size back and refilled from the files. What is not
 found here (tensors only C++ holds, CUDA graphs' pools) still goes through the driver's
@@ -33,11 +32,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-CHUNK = 64 << 20
-WRITERS = min(8, os.cpu_count() or 1)
-READERS = min(16, os.cpu_count() or 1)  # reads from the page cache scale further than writes into it
+CHUNK = 32 << 20
+WRITERS = min(16, os.cpu_count() or 1)  # one file each: writes into fresh tmpfs pages scale with threads
+READERS = min(16, os.cpu_count() or 1)
+BUFFERS_PER_THREAD = 2  # a thread's next chunk is copied while it writes (reads) the one before
 MIN_BYTES = 1 << 20  # small storages are not worth a round trip; the driver takes them
-WRITTEN = ".written"  # suffix of the folder's marker the server waits for before the dump (engines.OFFLOAD_WRITTEN)
 
 #: (storage, offset, size) of each storage currently off the GPU, its bytes numbered as if the
 #: storages lay end to end, and where each of their chunks went (by that offset: file, offset in
@@ -45,7 +44,6 @@ WRITTEN = ".written"  # suffix of the folder's marker the server waits for befor
 _offloaded: list[tuple[Any, int, int]] = []
 _placed: dict[int, tuple[int, int]] = {}
 _folder: str | None = None
-_writer: threading.Thread | None = None
 
 
 def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
@@ -53,51 +51,42 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     memory; return once the bytes are written (not yet durable: see the module's docstring).
     ``collect=False`` skips the garbage collection (the caller just ran one). Reports the bytes
     moved and where the time went."""
-    global _folder, _writer
+    global _folder
     t0 = time.perf_counter()
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized() or _offloaded:
         return {"bytes": 0, "storages": 0}
     if collect:
         gc.collect()
-    storages = list(_cuda_storages(torch))
+    with ThreadPoolExecutor(1) as early:
+        pending = early.submit(_Staging, torch, WRITERS * BUFFERS_PER_THREAD)  # faulted in while the storages are found
+        try:
+            storages = list(_cuda_storages(torch))
+        finally:
+            staging = pending.result()
     t_found = time.perf_counter()
-    total = sum(st.nbytes() for st in storages)
-    if not storages:
-        return {"bytes": 0, "storages": 0}
-    if os.path.exists(path + WRITTEN):  # from an earlier suspend whose refill failed
-        os.unlink(path + WRITTEN)
-    stripes = _Stripes.create(path, WRITERS)
-    try:
-        _download(torch, storages, stripes)
-    except BaseException:  # nothing has left the GPU yet: drop the partial files
-        _offloaded.clear()
-        _placed.clear()
-        stripes.remove()
-        raise
+    with staging:
+        if not storages:
+            return {"bytes": 0, "storages": 0}
+        stripes = _Stripes.create(path, WRITERS)
+        try:
+            _download(storages, stripes, staging)
+        except BaseException:  # nothing has left the GPU yet: drop the partial files
+            _offloaded.clear()
+            _placed.clear()
+            stripes.remove()
+            raise
+        stripes.close()
     t_copied = time.perf_counter()
     for st, _offset, _size in _offloaded:  # the bytes are safe in the page cache: free the GPU
         st.resize_(0)
     _folder = path
     torch.cuda.empty_cache()
     t_freed = time.perf_counter()
-    _writer = threading.Thread(target=_make_durable, args=(stripes,), name="gpucr-offload-sync", daemon=True)
-    _writer.start()
-    return {"bytes": total, "storages": len(storages), "files": WRITERS,
+    return {"bytes": sum(size for _st, _offset, size in _offloaded), "storages": len(storages), "files": WRITERS,
             "seconds": round(time.perf_counter() - t0, 3), "find_s": round(t_found - t0, 3),
             "copy_s": round(t_copied - t_found, 3), "free_s": round(t_freed - t_copied, 3),
             "reserved_left": sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count()))}
-
-
-def _make_durable(stripes: _Stripes) -> None:
-    """Background: fsync the files while the driver checkpoints the rest, then tell the server."""
-    try:
-        stripes.sync()
-    except BaseException as e:
-        stripes.close()
-        _mark_written(stripes.folder, f"{type(e).__name__}: {e}")
-        return
-    _mark_written(stripes.folder, "ok")
 
 
 def reload_tensors() -> dict[str, Any]:
@@ -108,12 +97,9 @@ def reload_tensors() -> dict[str, Any]:
 
 
 def reload_tensors_from(path: str) -> dict[str, Any]:
-    global _folder, _writer
+    global _folder
     t0 = time.perf_counter()
     torch = sys.modules["torch"]
-    if _writer is not None:  # a suspend failed while the files were being made durable
-        _writer.join()
-        _writer = None
     count, total = len(_offloaded), sum(size for _st, _off, size in _offloaded)
     stripes = _Stripes.open(path)
     try:
@@ -121,7 +107,7 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
             st.resize_(size)
         t_allocated = time.perf_counter()
         targets = [(_bytes_of(torch, st), offset, size) for st, offset, size in _offloaded]
-        with _Staging(torch, READERS) as staging, ThreadPoolExecutor(READERS) as pool:
+        with _Staging(torch, READERS * BUFFERS_PER_THREAD) as staging, ThreadPoolExecutor(READERS) as pool:
             staging.upload(pool, stripes.read_placed, targets)  # reads run ahead across storages, many are small
         torch.cuda.synchronize()
         _offloaded.clear()
@@ -129,22 +115,20 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
     finally:
         stripes.close()
     _Stripes.remove_folder(path)
-    if os.path.exists(path + WRITTEN):
-        os.unlink(path + WRITTEN)
     _folder = None
     return {"bytes": total, "storages": count, "seconds": round(time.perf_counter() - t0, 3),
             "alloc_s": round(t_allocated - t0, 3)}
 
 
-def _download(torch: Any, storages: list[Any], stripes: _Stripes) -> None:
+def _download(storages: list[Any], stripes: _Stripes, staging: _Staging) -> None:
     """Every storage's bytes into the files, streamed through the staging buffers; the writes
     out of the staging buffers run in parallel behind the device copies."""
     offset = 0
     pending = []
-    with _Staging(torch, WRITERS) as staging, ThreadPoolExecutor(WRITERS) as pool:
+    with ThreadPoolExecutor(WRITERS) as pool:
         for st in storages:
             size = st.nbytes()
-            for chunk_off, n, buf, done in staging.download(_bytes_of(torch, st), size):
+            for chunk_off, n, buf, done in staging.download(_bytes_of(staging.torch, st), size):
                 pending.append(pool.submit(_then_set, done, stripes.write_placed, buf.data_ptr(), n, offset + chunk_off))
             _offloaded.append((st, offset, size))
             offset += size
@@ -158,13 +142,6 @@ def _then_set(done: threading.Event, fn: Callable[..., None], *args: Any) -> Non
         fn(*args)
     finally:
         done.set()
-
-
-def _mark_written(path: str, status: str) -> None:
-    tmp = path + WRITTEN + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(status)
-    os.replace(tmp, path + WRITTEN)
 
 
 class _Stripes:
@@ -204,17 +181,6 @@ class _Stripes:
         stripe, at = _placed[offset]
         _pread(self.fds[stripe], dst, n, at)
 
-    def sync(self) -> None:
-        """Durable before reported written (a no-op on tmpfs): the files, then the folder."""
-        with ThreadPoolExecutor(len(self.fds)) as pool:
-            list(pool.map(os.fsync, self.fds))
-        self.close()
-        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def close(self) -> None:
         for fd in self.fds:
             os.close(fd)
@@ -239,17 +205,29 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
+MADV_POPULATE_WRITE = 23  # Linux 5.14+
+
+
 def _map_huge(size: int) -> int | None:
     """Anonymous memory outside Python's allocators (unmapped the moment it is done with), backed
     by transparent huge pages where the kernel allows it (they fault in 2-4x faster than 4 KiB
-    pages); None if the mapping fails."""
+    pages) and faulted in by several threads at once (one thread zeroes about 4 GB/s); None if
+    the mapping fails."""
     import mmap
 
     address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if address in (None, ctypes.c_void_p(-1).value):
         return None
     _libc.madvise(address, size, mmap.MADV_HUGEPAGE)  # best effort: THP may be off
+    slices = [(address + off, min(CHUNK, size - off)) for off in range(0, size, CHUNK)]
+    with ThreadPoolExecutor(min(len(slices), os.cpu_count() or 1)) as pool:
+        list(pool.map(lambda sl: _fault_in(*sl), slices))
     return int(address)
+
+
+def _fault_in(address: int, size: int) -> None:
+    if _libc.madvise(address, size, MADV_POPULATE_WRITE) != 0:  # an older kernel: touch it
+        ctypes.memset(address, 0, size)
 
 
 def _cuda_storages(torch: Any) -> Iterator[Any]:
@@ -287,13 +265,14 @@ class _Staging:
     They are carved from one huge-page mapping registered with the driver (cudaHostRegister):
     pinning already faulted huge pages took 0.17 s for 6 GB on the H200 machine, where a pinned
     allocation (cudaHostAlloc, ``pin_memory=True``) took 4.4 s, and PyTorch's cache of pinned
-    memory is emptied before a suspend anyway."""
+    memory is emptied before a suspend anyway. Reusable as a context manager once."""
 
     def __init__(self, torch: Any, count: int) -> None:
         self.torch = torch
         self.size = count * CHUNK
         self.address = _map_huge(self.size)
-        if self.address is not None and int(torch.cuda.cudart().cudaHostRegister(self.address, self.size, 0)) != 0:
+        # cudaHostRegisterPortable: pinned for every GPU's context, whichever thread registers it
+        if self.address is not None and int(torch.cuda.cudart().cudaHostRegister(self.address, self.size, 1)) != 0:
             _libc.munmap(self.address, self.size)
             self.address = None
         if self.address is None:  # no mapping or no registration: PyTorch's pinned allocations
