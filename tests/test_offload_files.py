@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -53,3 +54,19 @@ def test_parallel_chunks_come_back_from_where_they_were_placed(folder):
         offload._placed.clear()
         offload._Stripes.remove_folder(folder)
     assert not os.path.exists(folder)
+
+
+def test_a_refilled_folder_is_out_of_the_way_at_once_and_deleted_behind(folder):
+    stripes = offload._Stripes.create(folder, 2)
+    data = ctypes.create_string_buffer(os.urandom(CHUNK), CHUNK)
+    stripes.write_placed(ctypes.addressof(data), CHUNK, 0)
+    stripes.close()
+    offload._placed.clear()
+    offload._Stripes.discard_folder(folder)
+    assert not os.path.exists(folder)
+    offload._Stripes.create(folder, 2).remove()  # the next suspend can take the name right away
+    parent = os.path.dirname(folder)
+    deadline = time.monotonic() + 10
+    while [n for n in os.listdir(parent) if ".old-" in n] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [n for n in os.listdir(parent) if ".old-" in n], os.listdir(parent)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import xxhash
 
+from .writeback import start_writeback
+
 ALGORITHM = "xxh3_128"
 CHUNK = 256 << 20
 _READ = 16 << 20
@@ -60,7 +62,8 @@ def digest_tree(root: Path) -> dict[str, dict[str, int | str]]:
 
 class DigestWhileWriting:
     """Hash the complete 256 MiB chunks of files while CRIU is still writing them, so that
-    only the tails are left when the dump ends and checksums add almost nothing to a suspend.
+    only the tails are left when the dump ends and checksums add almost nothing to a suspend;
+    each hashed chunk is handed to the disk right away.
 
     Safe because CRIU writes every image file sequentially and never rewrites what it wrote;
     only bytes below the file's current size, in whole chunks, are read.
@@ -88,6 +91,7 @@ class DigestWhileWriting:
                 chunks = self._done.setdefault(p, [])
                 while not self._stop.is_set() and p.stat().st_size >= (len(chunks) + 1) * CHUNK:
                     chunks.append(_chunk_digest(p, len(chunks) * CHUNK, CHUNK))
+                    start_writeback(p, (len(chunks) - 1) * CHUNK, CHUNK)  # the commit's fsync finds it (mostly) on disk
 
     def result(self) -> dict[str, dict[str, int | str]]:
         """Digests of every file below ``root``, like :func:`digest_tree`; call after the writer ended."""

@@ -140,8 +140,11 @@ class CriuEngine(SuspendEngine):
             raise EngineError(f"The restored kernel could not take its GPU tensors back: {e}",
                               "The checkpoint is kept; free GPU memory and retry.") from e
         timings["refill"] = time.perf_counter() - t0
-        if "alloc_s" in report:  # of which giving the storages their GPU memory back
-            timings["refill_alloc"] = report["alloc_s"]
+        # in the kernel; of which giving the storages their GPU memory back, and the staging buffers
+        for key, part in (("refill_kernel", "seconds"), ("refill_alloc", "alloc_s"), ("refill_staging", "staging_s"),
+                          ("refill_read_wait", "read_wait_s"), ("refill_copy_up", "copy_up_s")):
+            if part in report:
+                timings[key] = report[part]
         timings["total"] = timings.get("total", 0) + timings["refill"]
 
 
