@@ -97,8 +97,9 @@ class GPUCR(Configurable):
         True, config=True,
         help="Before a whole-process suspend, have the kernel (gpucr_hooks) write its PyTorch CUDA tensors "
         "into the store through pinned buffers with parallel writers and free them, so the GPU is free sooner "
-        "and the driver and CRIU handle only the rest; the kernel fsyncs them while the GPU is released (CRIU "
-        "waits for that) and they are refilled right after the restore. Off for code that keeps raw device "
+        "and the driver and CRIU handle only the rest; the server puts them on disk while the driver and CRIU "
+        "work (the kernel is ended only once they are) and they are refilled right after the restore. Off for "
+        "code that keeps raw device "
         "pointers (CUDA graphs).",
     )
     prefetch_on_open = Bool(
