@@ -54,14 +54,14 @@ def free_port() -> int:
 class Server:
     """A jupyter server with gpucr, driven over REST and the kernel websocket."""
 
-    def __init__(self, root: Path, store: Path, log: Path) -> None:
+    def __init__(self, root: Path, store: Path, log: Path, options: tuple[str, ...] = ()) -> None:
         self.store = store
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
              "--allow-root", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}",
-             "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}", f"--GPUCR.store={store}"],
+             "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}", f"--GPUCR.store={store}", *options],
             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -303,13 +303,14 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.0, help="seconds between a round's warm cell and the next suspend")
     ap.add_argument("--cold", action="store_true", help="evict the store from the page cache before each resume, "
                     "and measure the store's disk bandwidth in the same run")
+    ap.add_argument("--eager", action="store_true", help="restore all memory before the kernel runs (GPUCR.lazy_restore off)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     store = Path(args.store or tempfile.mkdtemp(prefix="gpucr-w2-"))
     store.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gpucr-w2-root-"))
     cuda.unavailable_reason()
-    server = Server(work, store / "gpucr", work / "server.log")
+    server = Server(work, store / "gpucr", work / "server.log", ("--GPUCR.lazy_restore=False",) if args.eager else ())
     try:
         rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds, args.cold, args.gap)
     finally:
@@ -332,7 +333,8 @@ def main() -> None:
     if disk:
         print(f"store disk: write + fsync {disk['write_gbs']:.2f} GB/s, cold read {disk['read_gbs']:.2f} GB/s (8 threads)")
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(), "cpus": os.cpu_count(),
-              "kind": args.kind, "store": str(store), "gpus": [g.name for g in gpus.list_gpus()], "driver": gpus.driver_version(),
+              "kind": args.kind, "store": str(store), "restore": "eager" if args.eager else "lazy",
+              "gpus": [g.name for g in gpus.list_gpus()], "driver": gpus.driver_version(),
               "rounds": rows, "raw": raw, "cold_start_s": cold, "warm_before_s": warm_before, "moved": moved, "disk": disk}
     print(json.dumps(result, indent=2, default=str))
     if args.json_out:

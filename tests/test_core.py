@@ -300,3 +300,59 @@ def test_changed_and_deleted_open_files_are_named_with_what_to_do(criu_path, sto
     running = cr.restore("files")
     assert psutil.Process(running.pid).status() != psutil.STATUS_ZOMBIE
     cr.remove("files", kill=True)
+
+
+def test_lazily_restored_process_runs_at_once_and_can_be_checkpointed_again_right_away(criu_path, store_dir, tmp_path):
+    """A restore hands the process back before its memory is: CRIU's lazy-pages daemon serves what
+    it touches and copies the rest behind it. A checkpoint straight after must still hold all of
+    it, and restore to the same state."""
+    hello, counts = start_agent(store_dir, "lazy", tmp_path, mb=400)
+    cr = Checkpointer(store_dir)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd for lazy restores")
+    try:
+        cr.checkpoint("lazy")
+        cr.restore("lazy")
+        assert (store_dir / "procs" / "lazy" / ".pages").exists(), "the restore was not lazy"
+        ckpt = cr.checkpoint("lazy")  # waits for the pages, whatever point the daemon reached
+        assert json.loads((store_dir / "procs" / "lazy" / ".pages").read_text()) == {"pages": "in"}
+        assert ckpt.size > 400 << 20
+        cr.restore("lazy")
+        assert ask(hello["port"])["checksum"] == hello["checksum"]
+        time.sleep(0.3)
+        seen = read_counts(counts)
+        assert seen == list(range(1, len(seen) + 1)), "the counter file must continue without gaps or repeats"
+        assert not list(cr.store.checkpoints_root.glob("*/lazy-pages.socket")), "the daemon's socket is left behind"
+    finally:
+        cr.remove("lazy", kill=True)
+
+
+def test_failed_lazy_pages_daemon_stops_the_process_and_keeps_its_checkpoint(criu_path, store_dir, tmp_path, monkeypatch):
+    """Pages the daemon never delivered would read as zeros: the process must not run on with
+    them. It is stopped, the user is told, and the checkpoint restores it again."""
+    hello, _counts = start_agent(store_dir, "lost", tmp_path, mb=50)
+    cr = Checkpointer(store_dir)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd for lazy restores")
+    pages = store_dir / "procs" / "lost" / ".pages"
+    real = cr.criu.lazy_pages_argv
+    # The daemon is killed as soon as CRIU has restored the process and the holder said so.
+    killer = f'"$@" & d=$!; while [ ! -s {pages} ]; do sleep 0.002; done; kill -9 $d; wait $d; exit 9'
+    monkeypatch.setattr(cr.criu, "lazy_pages_argv", lambda images, workdir: ["sh", "-c", killer, "sh", *real(images, workdir)])
+    try:
+        ckpt = cr.checkpoint("lost")
+        with pytest.raises(EngineError) as err:
+            cr.restore("lost")
+            cr.await_pages("lost")
+        assert "lost its memory" in str(err.value) and "checkpoint is intact" in str(err.value)
+        status_arg = f"--status={store_dir / 'procs' / 'lost' / '.status'}"
+        deadline = time.monotonic() + 10
+        while [p for p in psutil.process_iter(["cmdline"]) if status_arg in (p.info["cmdline"] or [])]:
+            assert time.monotonic() < deadline, "the namespace of the restored process is still there"
+            time.sleep(0.05)
+        assert cr.status("lost")["state"] == "checkpointed" and ckpt.path.is_dir()
+        monkeypatch.undo()
+        cr.restore("lost")
+        assert ask(hello["port"])["checksum"] == hello["checksum"]
+    finally:
+        cr.remove("lost", kill=True)

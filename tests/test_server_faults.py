@@ -220,3 +220,34 @@ async def test_a_failed_commit_puts_the_kernel_back_under_the_server(jp_fetch, j
     _, out, _ = await execute(ws, "print(x)")
     assert out == "42\n"
     ws.close()
+
+
+async def test_a_kernel_whose_memory_never_came_back_is_shown_suspended_and_restores_again(
+        jp_fetch, jp_ws_fetch, jp_serverapp, monkeypatch):
+    """The restore hands the kernel back before all its memory is in. If CRIU's lazy-pages
+    daemon dies, the kernel must not run on with pages missing: it is stopped, shown suspended
+    with the reason, and the next cell restores it from its intact checkpoint."""
+    cr = jp_serverapp.kernel_manager.suspender.checkpointer
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd for lazy restores")
+    kid = (await new_session(jp_fetch, "lazy.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "x = 42")
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    pages = cr.store.proc_dir(kid) / ".pages"
+    real = cr.criu.lazy_pages_argv
+    killer = f'"$@" & d=$!; while [ ! -s {pages} ]; do sleep 0.002; done; kill -9 $d; wait $d; exit 9'
+    monkeypatch.setattr(cr.criu, "lazy_pages_argv", lambda images, workdir: ["sh", "-c", killer, "sh", *real(images, workdir)])
+    try:
+        await jp_fetch("api", "gpucr", "kernels", kid, "resume", method="POST", body="{}")
+    except HTTPClientError as e:  # the kernel died before the restore had finished
+        assert "lost its memory" in json.loads(e.response.body)["message"]
+    deadline = time.monotonic() + 20
+    while (st := await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] != "suspended":
+        assert time.monotonic() < deadline, st
+        await asyncio.sleep(0.1)
+    assert "lost its memory" in st["error"] and "checkpoint is intact" in st["hint"]
+    monkeypatch.undo()
+    _, out, _ = await execute(ws, "print(x)", timeout=60)
+    assert out == "42\n"
+    ws.close()

@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--gpu", default="auto", help="auto, a GPU index or a UUID")
     s.add_argument("--checkpoint", help="a specific checkpoint id")
+    s.add_argument("--eager", action="store_true",
+                   help="bring all memory back before the process runs (default: it runs at once, CRIU's "
+                   "lazy-pages daemon brings the rest in behind it)")
     add("ls", help="list processes and checkpoints")
     s = add("kernel", help="suspend, resume or list the kernels of a running Jupyter server")
     s.add_argument("action", choices=["ls", "suspend", "resume"])
@@ -126,6 +129,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return c.summary() | {"timings": t}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "
                                              f"process {state}.")
     if args.cmd == "restore":
+        cr.lazy_restore = not args.eager
         r = cr.restore(args.name, gpu=args.gpu, checkpoint_id=args.checkpoint)
         where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""
         return r.record | {"timings": r.timings}, f"Restored {r.name!r} as PID {r.pid}{where} in {r.timings['total']:.2f} s."

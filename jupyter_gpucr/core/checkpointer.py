@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import getpass
+import json
 import os
 import platform
 import re
@@ -27,7 +28,7 @@ import psutil
 from .._version import __version__
 from . import cuda, gpus, hugepages
 from .checksums import DigestWhileWriting, digest_tree
-from .criu import Criu, at_work_in, drop_network_lock, explain_log
+from .criu import LAZY_LOG, LAZY_SOCKET, Criu, at_work_in, drop_network_lock, explain_log
 from .errors import (
     BusyError,
     CheckpointDamagedError,
@@ -52,6 +53,9 @@ RESTORE_TIMEOUT = 3600.0
 # How long recovery waits for a CRIU that an interrupted operation left running, or for another
 # operation's lock on the same name.
 RECOVER_WAIT = 600.0
+# How long a checkpoint waits for the memory of a lazy restore of the same process to be all in.
+PAGES_WAIT = 300.0
+PAGES = ".pages"  # in the process's folder: how far the holder's lazy-pages daemon is
 
 
 def _no_progress(phase: str, done: int, total: int) -> None:
@@ -98,6 +102,7 @@ class Checkpointer:
         lock_timeout_ms: int = 10_000,
         check_space: bool = True,
         verify: bool = True,
+        lazy_restore: bool = True,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self.criu_path = criu_path
@@ -106,6 +111,7 @@ class Checkpointer:
         self.lock_timeout_ms = lock_timeout_ms
         self.check_space = check_space
         self.verify = verify
+        self.lazy_restore = lazy_restore
         self._criu: Criu | None = None
 
     @property
@@ -191,6 +197,10 @@ class Checkpointer:
             if rec.get("state") != "running" or not is_alive(pid):
                 raise StateError(f"{name!r} is not running (state: {self._state(rec)}).",
                                  f"Restore it with 'gpucr restore {name}'." if rec.get("checkpoint") else "")
+            lost = self._wait_for_pages(name)
+            if lost is not None:
+                self._recover_locked(name)
+                raise lost
             return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
                                            before_dump, list(also_durable))
 
@@ -371,7 +381,8 @@ class Checkpointer:
         t1 = time.perf_counter()
         try:
             try:
-                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach, leave_stopped=verifying is not None)
+                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach, leave_stopped=verifying is not None,
+                                              lazy=self.lazy_restore and self.criu.lazy_pages_supported)
             except GPUCRError:
                 if verifying is not None:
                     verifying.result()  # CRIU failed on a damaged image: say that, not what CRIU tripped over
@@ -385,15 +396,18 @@ class Checkpointer:
                 t2 = time.perf_counter()
                 self._restore_gpu(started, gpu_info.get("cuda_ns_pids", []), gpu_map)
                 timings["gpu_restore"] = time.perf_counter() - t2
-        except BaseException:
+        except BaseException as e:
             self.store.write_proc(name, rec)  # nothing runs: the record is what it was
+            lost = self._pages_lost(name, self._pages(name))
+            if lost is not None:  # the process died of that, whatever tripped over its death
+                raise lost from e
             raise
         timings["total"] = time.perf_counter() - t0
         rec = {**rec, "state": "running", "pid": started.pid, "ns_pid": started.ns_pid, "restored_at": time.time(),
                "restored_from": ckpt.id, "gpu_map": gpu_map}
         self.store.write_proc(name, rec)
         if not used:  # not yet run against a restored CUDA process (its pinned memory) on a GPU machine
-            hugepages.start(tree(started.pid))
+            hugepages.start(tree(started.pid), after=lambda: self._wait_for_pages(name) is None)
         progress("done", ckpt.size, ckpt.size)
         return Running(name, started.pid, started.ns_pid, started, rec, timings)
 
@@ -424,13 +438,18 @@ class Checkpointer:
             os.kill(p, signal.SIGCONT)
 
     def _spawn_restore(self, name: str, images: Path, workdir: Path, detach: bool = True,
-                       leave_stopped: bool = False) -> Started:
+                       leave_stopped: bool = False, lazy: bool = False) -> Started:
+        """Restore under a new holder; ``lazy``: the tree starts before its memory is back, CRIU's
+        lazy-pages daemon (run by the holder) brings it in behind (see :meth:`await_pages`)."""
         d = self.store.proc_dir(name)
         pidfile = d / ".restore.pid"
+        daemon = ([f"--lazy-pages={json.dumps(self.criu.lazy_pages_argv(images, workdir))}",
+                   f"--lazy-socket={workdir / LAZY_SOCKET}", f"--pages={d / PAGES}"] if lazy else [])
+        (d / PAGES).unlink(missing_ok=True)
         for attempt in range(2):
             pidfile.unlink(missing_ok=True)
-            started = start_holder(["restore", f"--pidfile={pidfile}", "--",
-                                    *self.criu.restore_argv(images, workdir, pidfile, leave_stopped)],
+            started = start_holder(["restore", f"--pidfile={pidfile}", *daemon, "--",
+                                    *self.criu.restore_argv(images, workdir, pidfile, leave_stopped, lazy)],
                                    d / ".status", detach=detach, log_path=d / "holder.log",
                                    timeout=RESTORE_TIMEOUT)
             if started is not None:
@@ -441,6 +460,37 @@ class Checkpointer:
             raise EngineError(f"CRIU could not restore {name!r}: {failure.line}",
                               f"{failure.hint} The checkpoint is kept; you can retry.")
         raise AssertionError("unreachable")
+
+    def await_pages(self, name: str, timeout: float = PAGES_WAIT) -> None:
+        """Return once no lazy restore of ``name`` is still bringing memory in (at once for an
+        eager one): a dump must see the whole memory. Raises when its daemon failed: the holder
+        stopped the process then, and ``name`` is recorded as suspended in the checkpoint it came
+        from (intact)."""
+        lost = self._wait_for_pages(name, timeout)
+        if lost is not None:
+            self.recover(name)
+            raise lost
+
+    def _wait_for_pages(self, name: str, timeout: float = PAGES_WAIT) -> EngineError | None:
+        deadline = time.monotonic() + timeout
+        while (report := self._pages(name)).get("pages") == "lazy":
+            if time.monotonic() > deadline:
+                raise BusyError(f"The memory of {name!r} is still being restored after {timeout:.0f} s.",
+                                "Wait, then retry.")
+            time.sleep(0.005)
+        return self._pages_lost(name, report)
+
+    def _pages(self, name: str) -> dict[str, Any]:
+        return read_json(self.store.proc_dir(name) / PAGES) or {}
+
+    @staticmethod
+    def _pages_lost(name: str, report: dict[str, Any]) -> EngineError | None:
+        if report.get("pages") != "lost":
+            return None
+        return EngineError(f"The restored {name!r} lost its memory before all of it was back "
+                           f"({report.get('error', 'the lazy-pages daemon failed')}); it was stopped.",
+                           f"Restore it again: its checkpoint is intact ('gpucr restore {name}'). CRIU's log: "
+                           f"{LAZY_LOG} in the checkpoint's folder.")
 
     def _restore_gpu(self, started: Started, cuda_ns_pids: list[int], gpu_map: dict[str, str]) -> None:
         host_pids = [find_descendant_by_ns_pid(started.holder_pid, p) for p in cuda_ns_pids]

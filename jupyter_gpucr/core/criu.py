@@ -6,6 +6,7 @@ restored tree gets its original PIDs whatever the host is doing with them.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -34,6 +35,8 @@ COMMON_OPTS = ["--tcp-established", "--network-lock", "nftables", "--file-locks"
 # dump completed when the process that started it died before reading CRIU's exit status.
 DUMP_OPTS = ["--link-remap", "-v3"]
 DUMP_DONE = "Dumping finished successfully"
+# Where a lazy restore's page daemon listens and logs, in the restore's work directory.
+LAZY_SOCKET, LAZY_LOG = "lazy-pages.socket", "lazy-pages.log"
 
 # Log lines CRIU prints as errors on every run here although the operation succeeds.
 _HARMLESS = ("RLIMIT_NOFILE", "kdat cache")
@@ -210,13 +213,32 @@ class Criu:
             raise EngineError(f"CRIU could not dump process {pid}: {failure.line}", hint)
         return elapsed
 
-    def restore_argv(self, images: Path, workdir: Path, pidfile: Path, leave_stopped: bool = False) -> list[str]:
+    def restore_argv(self, images: Path, workdir: Path, pidfile: Path, leave_stopped: bool = False,
+                     lazy: bool = False) -> list[str]:
         """``criu restore`` as the holder runs it, detached, writing the restored root's PID;
-        ``leave_stopped`` keeps every restored task stopped until the caller sends SIGCONT."""
+        ``leave_stopped`` keeps every restored task stopped until the caller sends SIGCONT;
+        ``lazy`` leaves the memory to the daemon of :meth:`lazy_pages_argv`."""
         return [
             self.path, "restore", "-D", str(images), "-W", str(workdir), "-o", "restore.log",
             *COMMON_OPTS, "--restore-detached", "--pidfile", str(pidfile), *(["--leave-stopped"] if leave_stopped else []),
+            *(["--lazy-pages"] if lazy else []),
         ]
+
+    def lazy_pages_argv(self, images: Path, workdir: Path) -> list[str]:
+        """CRIU's lazy-pages daemon for a restore from ``images``: it listens on
+        ``workdir/LAZY_SOCKET``, serves the restored tree's page faults from the images and
+        copies the remaining pages in behind them, then exits."""
+        return [self.path, "lazy-pages", "-D", str(images), "-W", str(workdir), "-o", LAZY_LOG]
+
+    @functools.cached_property
+    def lazy_pages_supported(self) -> bool:
+        """Whether this kernel gives CRIU what lazy restores need (userfaultfd for a process not
+        its own); asked once per binary."""
+        try:
+            proc = subprocess.run([self.path, "check", "--feature", "uffd-noncoop"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return proc.returncode == 0
 
 
 # -- CRIU's network lock ------------------------------------------------------------------

@@ -8,6 +8,12 @@ same namespaces (``nsenter``), so neither namespace needs dumping.
 
 Modes: ``run`` launches a command; ``restore`` runs ``criu restore`` and adopts the result.
 The outcome is written as JSON to ``--status`` for the launcher.
+
+A restore with ``--lazy-pages`` first starts CRIU's lazy-pages daemon here, so the restored tree
+runs before its memory is all back: the daemon serves each page the tree touches and streams the
+rest behind it. The file ``--pages`` then says ``{"pages": "lazy"}``, later ``"in"`` once the
+daemon is done. Should the daemon fail, the tree's untransferred memory would read as zeros: the
+holder kills every process of the namespace at once and writes ``"lost"`` (the checkpoint is intact).
 """
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 # Workload PIDs start above this, so CRIU and its helpers (low PIDs in a fresh namespace)
 # never take a PID the restored tree needs.
@@ -104,11 +112,16 @@ def _reason(e: BaseException) -> str:
     return e.strerror if isinstance(e, OSError) and e.strerror else repr(e)
 
 
-def _criu_restore(args: argparse.Namespace) -> int | None:
+def _spawn(command: list[str]) -> int:
     pid = os.fork()
     if pid == 0:
         os.closerange(3, 65536)
-        os.execvp(args.command[0], args.command)
+        os.execvp(command[0], command)
+    return pid
+
+
+def _criu_restore(args: argparse.Namespace) -> int | None:
+    pid = _spawn(args.command)
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         return None
@@ -116,15 +129,37 @@ def _criu_restore(args: argparse.Namespace) -> int | None:
         return int(f.read().strip())
 
 
+def _start_lazy_pages(command: list[str], socket: Path, timeout: float = 30.0) -> int | None:
+    """Start CRIU's lazy-pages daemon and wait until it listens on ``socket``; None if it died."""
+    socket.unlink(missing_ok=True)  # a stale one from an earlier restore would look like readiness
+    pid = _spawn(command)
+    deadline = time.monotonic() + timeout
+    while not socket.exists():
+        if os.waitpid(pid, os.WNOHANG)[0] or time.monotonic() > deadline:
+            _kill(pid)
+            return None
+        time.sleep(0.002)
+    return pid
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
 def _others_in_namespace() -> bool:
     """Processes of this namespace that are not our children: a CRIU entered with nsenter."""
     return any(entry.isdigit() and entry != "1" for entry in os.listdir("/proc"))
 
 
-def _reap_until_empty(main: int) -> int:
+def _reap_until_empty(main: int, on_exit: dict[int, Callable[[int], None]] | None = None) -> int:
     """Reap every child (adopted orphans too) and exit with the main process's status once the
     namespace is empty. Exiting earlier would kill, with the namespace, a CRIU that dumped the
-    process and is still finishing: its checkpoint would be complete but reported as failed."""
+    process and is still finishing: its checkpoint would be complete but reported as failed.
+    ``on_exit[pid](code)`` runs when that child is reaped."""
     code = 0
     while True:
         try:
@@ -137,6 +172,22 @@ def _reap_until_empty(main: int) -> int:
         if pid == main:
             code = os.waitstatus_to_exitcode(status)
             code = 128 - code if code < 0 else code
+        elif on_exit and pid in on_exit:
+            on_exit.pop(pid)(os.waitstatus_to_exitcode(status))
+
+
+def _pages_settled(pages_path: str, socket: Path) -> Callable[[int], None]:
+    """What to do when the lazy-pages daemon exits: all pages are in, or the tree must die now
+    (if it is not dead already: it may have been killed for a page it waited for)."""
+    def settled(code: int) -> None:
+        socket.unlink(missing_ok=True)
+        if code == 0:
+            _write_status(pages_path, {"pages": "in"})
+            return
+        # Said first: whoever sees the tree die must find out why.
+        _write_status(pages_path, {"pages": "lost", "error": f"CRIU's lazy-pages daemon exited with {code}"})
+        os.kill(-1, signal.SIGKILL)  # every process of this namespace but its init (this one)
+    return settled
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stderr", default="/dev/null")
     parser.add_argument("--cwd")
     parser.add_argument("--pidfile")
+    parser.add_argument("--lazy-pages", help="the lazy-pages daemon's command, as a JSON list; "
+                        "then --lazy-socket is where it listens and --pages where the holder says how far it is")
+    parser.add_argument("--lazy-socket")
+    parser.add_argument("--pages")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -167,14 +222,26 @@ def main(argv: list[str] | None = None) -> int:
         if failure:
             _write_status(args.status, {"ok": False, "error": failure})
             return _reap_until_empty(main_pid)
-    else:
-        restored = _criu_restore(args)
-        if restored is None:
+        _write_status(args.status, {"ok": True, "ns_pid": main_pid})
+        return _reap_until_empty(main_pid)
+    lazy = None
+    if args.lazy_pages:
+        socket = Path(args.lazy_socket)
+        lazy = _start_lazy_pages(json.loads(args.lazy_pages), socket)
+        if lazy is None:
             _write_status(args.status, {"ok": False})
             return 1
-        main_pid = restored
+    restored = _criu_restore(args)
+    if restored is None:
+        if lazy is not None:
+            _kill(lazy)
+        _write_status(args.status, {"ok": False})
+        return 1
+    main_pid = restored
+    if lazy is not None:
+        _write_status(args.pages, {"pages": "lazy"})
     _write_status(args.status, {"ok": True, "ns_pid": main_pid})
-    return _reap_until_empty(main_pid)
+    return _reap_until_empty(main_pid, {lazy: _pages_settled(args.pages, socket)} if lazy else None)
 
 
 if __name__ == "__main__":

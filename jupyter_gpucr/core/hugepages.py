@@ -16,7 +16,7 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 
@@ -99,10 +99,11 @@ def collapse(pids: Iterable[int], stop: threading.Event | None = None) -> int:
 _running: dict[int, Collapse] = {}  # by the restored tree's root pid, whichever Checkpointer started it
 
 
-def start(pids: list[int]) -> None:
-    """Collapse the restored tree ``pids`` (its root first) in the background."""
+def start(pids: list[int], after: Callable[[], bool] | None = None) -> None:
+    """Collapse the restored tree ``pids`` (its root first) in the background, once ``after``
+    returned True (its memory is all back; False: it never will be, leave it)."""
     if pids:
-        _running[pids[0]] = Collapse(pids)
+        _running[pids[0]] = Collapse(pids, after)
 
 
 def stop(pid: int) -> None:
@@ -116,13 +117,15 @@ class Collapse:
     """:func:`collapse` in a daemon thread at nice 19 (the kernel does the work in the caller's
     context, so the thread's priority is what counts)."""
 
-    def __init__(self, pids: list[int]) -> None:
+    def __init__(self, pids: list[int], after: Callable[[], bool] | None = None) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(pids,), name="gpucr-hugepages", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(pids, after), name="gpucr-hugepages", daemon=True)
         self._thread.start()
 
-    def _run(self, pids: list[int]) -> None:
+    def _run(self, pids: list[int], after: Callable[[], bool] | None) -> None:
         try:
+            if after is not None and not after():
+                return
             psutil.Process(threading.get_native_id()).nice(19)
             log.debug("gpucr: collapsed %d MiB into huge pages", collapse(pids, self._stop) >> 20)
         except Exception as e:  # best effort: never disturbs the restored process

@@ -39,9 +39,11 @@ def is_alive(pid: int | None) -> bool:
 
 
 def tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants."""
-    proc = psutil.Process(pid)
-    return [pid] + [c.pid for c in proc.children(recursive=True)]
+    """``pid`` and all its descendants; none once it is gone."""
+    try:
+        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def tree_rss(pid: int) -> int:

@@ -206,6 +206,10 @@ class DaemonCheckpointer:
         result = self.client.call("restore", progress, name=name, gpu=gpu, checkpoint_id=checkpoint_id)
         return self._running(result, result.get("timings", {}))
 
+    def await_pages(self, name: str) -> None:
+        """See ``Checkpointer.await_pages``; the daemon waits."""
+        self.client.call("await_pages", name=name)
+
     def recover_all(self, wait_s: float = 600.0) -> dict[str, Recovery]:
         """Recovery runs in the daemon; then this store mirrors what the daemon has (a server killed
         after a suspend but before writing its mirror loses nothing)."""

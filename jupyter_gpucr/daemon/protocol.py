@@ -21,7 +21,7 @@ PROTOCOL_VERSION = 1
 #: A request carries a kernel's environment and record, never images: a bound stops a client from
 #: making the daemon buffer without end.
 MAX_LINE = 4 << 20
-VERBS = ("hello", "run", "checkpoint", "restore", "recover", "recover_all", "list", "remove", "kill", "poll")
+VERBS = ("hello", "run", "checkpoint", "restore", "recover", "recover_all", "list", "remove", "kill", "poll", "await_pages")
 
 
 class ProtocolError(GPUCRError):

@@ -183,6 +183,12 @@ class Daemon:
         wait_gone(pid, 10)
         return {"killed": True}
 
+    def op_await_pages(self, peer: Peer, name: str) -> dict[str, Any]:
+        """Answer once a lazy restore of ``name`` has all its memory back; an error if it never will."""
+        cr = self.checkpointer(peer)
+        cr.await_pages(_name(name))
+        return {}
+
     def op_poll(self, peer: Peer, name: str) -> dict[str, Any]:
         holder = self._holders.get((peer.uid, _name(name)))
         return {"returncode": holder.poll() if holder else None}

@@ -102,6 +102,13 @@ class GPUCR(Configurable):
         "code that keeps raw device "
         "pointers (CUDA graphs).",
     )
+    lazy_restore = Bool(
+        True, config=True,
+        help="Restore a kernel's memory lazily: it runs as soon as CRIU has rebuilt it, CRIU's lazy-pages daemon "
+        "serves the pages it touches and copies the rest in behind it (userfaultfd; where the kernel lacks it, "
+        "restores are eager). The next suspend waits until all of it is back. Should the daemon fail, the kernel is "
+        "stopped (never run on with memory missing) and shown suspended in its intact checkpoint.",
+    )
     prefetch_on_open = Bool(
         True, config=True,
         help="When a client opens a suspended kernel (its notebook is opened or reconnects), read its checkpoint "

@@ -70,6 +70,11 @@ class SuspendEngine(ABC):
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         """Bring the kernel back from ``ckpt``; on failure the checkpoint is kept."""
 
+    @abstractmethod
+    async def settled(self, kernel_id: str) -> None:
+        """Return once the restored kernel holds all of its state (a restore may hand it back
+        earlier); raise if it never will: then it was stopped and its checkpoint is intact."""
+
 
 class CriuEngine(SuspendEngine):
     name = "criu"
@@ -120,12 +125,25 @@ class CriuEngine(SuspendEngine):
             running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
             km.provisioner.adopt(running.started)
             if offloaded:
-                await self._refill(kernel_id, km, running.timings, progress)
+                pages = asyncio.ensure_future(self.settled(kernel_id))
+                try:
+                    await self._refill(kernel_id, km, running.timings, progress)
+                except GPUCRError:
+                    await asyncio.wait({pages}, timeout=2)  # the kernel may have died of lost memory: say that
+                    if pages.done() and pages.exception() is not None:
+                        raise pages.exception() from None  # type: ignore[misc]
+                    raise
+                finally:
+                    pages.cancel()  # stops waiting, not the pages
         finally:
             stop.set()  # restored and refilled, or failed: nothing more is worth reading
             if ahead is not None:
                 await ahead
         return Resumed(running.timings)
+
+    async def settled(self, kernel_id: str) -> None:
+        """A lazy restore's memory comes in behind the running kernel (``Checkpointer.await_pages``)."""
+        await asyncio.to_thread(self.checkpointer.await_pages, kernel_id)
 
     async def _refill(self, kernel_id: str, km: Any, timings: dict[str, float], progress: Progress) -> None:
         """Tensors the kernel moved out before the suspend go back to the GPU before any cell runs;
@@ -192,6 +210,9 @@ class SnapshotEngine(SuspendEngine):
             raise
         store.apply_retention(kernel_id, self.checkpointer.keep_last, self.checkpointer.max_bytes)
         return ckpt
+
+    async def settled(self, kernel_id: str) -> None:
+        """A snapshot is loaded whole before its restore returns."""
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,9 +219,7 @@ class KernelSuspender:
             await self.kernel_manager.reattach_kernel(kernel_id, wake=False)
         # In the background: a kernel that died meanwhile would hold the error up until the
         # websocket gives up on it, while the restarter takes over.
-        task = asyncio.ensure_future(self.kernel_manager.wake_connections(kernel_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self.kernel_manager.wake_connections(kernel_id))
 
     async def _busy_after(self, km: Any, seconds: float) -> bool:
         """Whether the kernel is still busy after ``seconds`` (a completion request passes)."""
@@ -360,14 +358,54 @@ class KernelSuspender:
                 err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
                 self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=err.message, hint=err.hint)
                 raise err from (None if err is e else e)
-            await self.kernel_manager.reattach_kernel(kernel_id)
+            # The restore may hand the kernel back before all its memory is in (engine.settled);
+            # if the rest never comes it was stopped, possibly while the connections wait for it.
+            settled = asyncio.ensure_future(engine.settled(kernel_id))
+            reattach = asyncio.ensure_future(self.kernel_manager.reattach_kernel(kernel_id))
+            await asyncio.wait({settled, reattach}, return_when=asyncio.FIRST_COMPLETED)
+            lost = settled.exception() if settled.done() else None
+            if lost is not None:
+                reattach.cancel()
+                await self._back_to_suspended(kernel_id, lost)
+                raise lost
+            await reattach
             now = time.time()
             gpu_now = self._gpu_of(kernel_id)
             st = self.lifecycle.transition(
                 kernel_id, RUNNING, "done", restored_at=now, suspended_for=now - suspended_at, lost=resumed.lost,
                 warnings=resumed.warnings, timings=resumed.timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt))
             self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
+            if not settled.done():
+                self._in_background(self._until_settled(kernel_id, settled))
             return st
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` without waiting for it; the task is kept referenced until it ends."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _until_settled(self, kernel_id: str, settled: asyncio.Future[None]) -> None:
+        try:
+            await settled
+        except BaseException as e:
+            async with self.operation(kernel_id):
+                if self.lifecycle.state_of(kernel_id) == RUNNING:
+                    await self._back_to_suspended(kernel_id, e)
+
+    async def _back_to_suspended(self, kernel_id: str, err: BaseException) -> None:
+        """The restored kernel was stopped for memory that never came back (see
+        ``Checkpointer.await_pages``): take the connections off it as a suspend does and show it
+        suspended, with why, in its intact checkpoint; the next request restores it again."""
+        e = err if isinstance(err, GPUCRError) else EngineError(f"The restored kernel failed: {err}", "Restore it again.")
+        self.log.error("gpucr: kernel %s: %s %s", kernel_id, e.message, e.hint)
+        km = self._kernel(kernel_id)
+        self.kernel_manager.hold_messages(kernel_id)
+        await self.kernel_manager.detach_kernel(kernel_id, "idle")
+        await km.provisioner.kill()
+        km.provisioner.mark_suspended()
+        self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=e.message, hint=e.hint)
+        self.kernel_manager.settle_connections(kernel_id)
 
     def prefetch(self, kernel_id: str) -> None:
         """A client opened a suspended kernel (its notebook, or a reconnect): read its checkpoint
@@ -377,9 +415,7 @@ class KernelSuspender:
         if ckpt is None or self._prefetched.get(kernel_id) == ckpt.id:
             return
         self._prefetched[kernel_id] = ckpt.id
-        task = asyncio.ensure_future(self._prefetch(kernel_id, ckpt))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._prefetch(kernel_id, ckpt))
 
     async def _prefetch(self, kernel_id: str, ckpt: Checkpoint) -> None:
         t0 = time.perf_counter()

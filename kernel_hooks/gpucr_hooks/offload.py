@@ -78,6 +78,7 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
             raise
         stripes.close()
     t_copied = time.perf_counter()
+    used_devices = {st.device.index for st, _offset, _size in _offloaded}
     for st, _offset, _size in _offloaded:  # the bytes are safe in the page cache: free the GPU
         st.resize_(0)
     _folder = path
@@ -86,7 +87,10 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     return {"bytes": sum(size for _st, _offset, size in _offloaded), "storages": len(storages), "files": WRITERS,
             "seconds": round(time.perf_counter() - t0, 3), "find_s": round(t_found - t0, 3),
             "copy_s": round(t_copied - t_found, 3), "free_s": round(t_freed - t_copied, 3),
-            "reserved_left": sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count()))}
+            "reserved_left": sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count())),
+            # what the driver's checkpoint still copies: the context itself, beside the allocator's rest
+            # (asked only of devices the tensors were on: asking another would create a context there)
+            "device_used_left": sum(total - free for free, total in map(torch.cuda.mem_get_info, used_devices))}
 
 
 def reload_tensors() -> dict[str, Any]:
