@@ -211,6 +211,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
                      "live_bytes": live, "resume_first_result_s": resume_s, "warm_cell_s": warm_s,
                      "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim"),
                      "huge_pages_before": huge_before, "huge_pages_after": huge_after, "resident_before_resume": resident,
+                     "lazy_restore": (server.store / "procs" / kid / ".pages").exists(),
                      "restore_timings": restored["timings"]})
     moved = None
     if kind == "gpu" and len(gpus.list_gpus()) > 1:

@@ -30,6 +30,12 @@ if [ -n "${W2_ROUNDS:-}" ]; then
         2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2.log"
     rm -rf /dev/shm/gpucr-w2
 fi
+# The same with eager restores (CRIU brings all memory back before the kernel runs), W2_EAGER=1.
+if [ -n "${W2_EAGER:-}" ]; then
+    python3 bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2-eager --rounds 2 --no-raw --eager --json-out "$OUT/w2-eager.json" \
+        2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2-eager.log"
+    rm -rf /dev/shm/gpucr-w2-eager
+fi
 # The same to a disk store, each resume from a cold page cache (W2_DISK=1 to run it).
 if [ -n "${W2_DISK:-}" ]; then
     python3 bench/bench_w2.py --kind gpu --store /root/gpucr-w2-disk --rounds 1 --no-raw --cold --json-out "$OUT/w2-disk.json" \
