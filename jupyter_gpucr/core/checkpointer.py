@@ -378,30 +378,24 @@ class Checkpointer:
         # What recovery needs if this process dies before the restored one is recorded as running.
         self.store.write_proc(name, {**rec, "restoring": {"checkpoint": ckpt.id, "ns_pid": ckpt.manifest.get("ns_pid"),
                                                           "gpu_map": gpu_map, "since": time.time(), "by": os.getpid()}})
-        lazy = self.lazy_restore and self.criu.lazy_pages_supported
-        # The CUDA driver's restore, faulting its memory in page by page through the lazy-pages
-        # daemon, took 11.4-11.9 s instead of 0.29 s (W2 on the H200): a GPU process stays stopped
-        # until the daemon has copied everything in.
-        pages_first = lazy and bool(used)
+        # GPU processes are restored eagerly: the CUDA driver's restore faulting its memory in page
+        # by page through the lazy-pages daemon took 11.4-11.9 s instead of 0.29 s (W2 on the H200),
+        # and letting the daemon copy it all in first was no faster than CRIU doing it (1.1-1.4 s
+        # against 1.2-1.3 s).
+        lazy = self.lazy_restore and not used and self.criu.lazy_pages_supported
         t1 = time.perf_counter()
         try:
             try:
-                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach,
-                                              leave_stopped=verifying is not None or pages_first, lazy=lazy)
+                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach, leave_stopped=verifying is not None,
+                                              lazy=lazy)
             except GPUCRError:
                 if verifying is not None:
                     verifying.result()  # CRIU failed on a damaged image: say that, not what CRIU tripped over
                 raise
             timings["criu_restore"] = time.perf_counter() - t1
-            if pages_first:
-                lost = self._wait_for_pages(name)
-                if lost is not None:
-                    raise lost
-                timings["pages_wait"] = time.perf_counter() - t1 - timings["criu_restore"]
-            if verifying is not None or pages_first:
-                t_verify = time.perf_counter()
+            if verifying is not None:
                 self._continue_if_intact(started, verifying)
-                timings["verify_wait"] = time.perf_counter() - t_verify
+                timings["verify_wait"] = time.perf_counter() - t1 - timings["criu_restore"]
             if used:
                 progress("gpu-restore", 0, ckpt.size)
                 t2 = time.perf_counter()
@@ -436,12 +430,11 @@ class Checkpointer:
                 "Restore on a machine with the same driver, or use the snapshot engine. The checkpoint is kept.")
 
     @staticmethod
-    def _continue_if_intact(started: Started, verifying: Future[None] | None) -> None:
+    def _continue_if_intact(started: Started, verifying: Future[None]) -> None:
         """CRIU left the restored tree stopped while its images were hashed: continue it when they
         were intact; otherwise stop it for good (the whole namespace) and report the damage."""
         try:
-            if verifying is not None:
-                verifying.result()
+            verifying.result()
         except BaseException:
             os.kill(started.holder_pid, signal.SIGKILL)  # unshare --kill-child takes the namespace with it
             wait_gone(started.pid, 10)

@@ -104,10 +104,11 @@ class GPUCR(Configurable):
     )
     lazy_restore = Bool(
         True, config=True,
-        help="Restore a kernel's memory lazily: it runs as soon as CRIU has rebuilt it, CRIU's lazy-pages daemon "
-        "serves the pages it touches and copies the rest in behind it (userfaultfd; where the kernel lacks it, "
+        help="Restore a kernel without GPU state lazily: it runs as soon as CRIU has rebuilt it, CRIU's lazy-pages "
+        "daemon serves the pages it touches and copies the rest in behind it (userfaultfd; where the kernel lacks it, "
         "restores are eager). The next suspend waits until all of it is back. Should the daemon fail, the kernel is "
-        "stopped (never run on with memory missing) and shown suspended in its intact checkpoint.",
+        "stopped (never run on with memory missing) and shown suspended in its intact checkpoint. GPU kernels are "
+        "always restored eagerly (the CUDA driver's restore through page faults is 40x slower).",
     )
     prefetch_on_open = Bool(
         True, config=True,

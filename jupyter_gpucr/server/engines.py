@@ -124,17 +124,8 @@ class CriuEngine(SuspendEngine):
         try:
             running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
             km.provisioner.adopt(running.started)
-            if offloaded:
-                pages = asyncio.ensure_future(self.settled(kernel_id))
-                try:
-                    await self._refill(kernel_id, km, running.timings, progress)
-                except GPUCRError:
-                    await asyncio.wait({pages}, timeout=2)  # the kernel may have died of lost memory: say that
-                    if pages.done() and pages.exception() is not None:
-                        raise pages.exception() from None  # type: ignore[misc]
-                    raise
-                finally:
-                    pages.cancel()  # stops waiting, not the pages
+            if offloaded:  # a GPU kernel: restored eagerly, its memory is all there
+                await self._refill(kernel_id, km, running.timings, progress)
         finally:
             stop.set()  # restored and refilled, or failed: nothing more is worth reading
             if ahead is not None:
