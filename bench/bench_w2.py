@@ -187,8 +187,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
     warm_before = time.perf_counter() - t0  # the cell in the kernel as started, for the warm cells after resumes
     rows = []
     for i in range(rounds):
-        if i:
-            time.sleep(gap)  # the user works on, then goes idle: what runs after a restore has this long
+        time.sleep(gap)  # the user goes idle: background work after a cell or a restore has this long
         rss, huge_before = kernel_rss(kid), kernel_huge_pages(kid)
         watch = GpuFreeWatch() if kind == "gpu" else None
         t0 = time.perf_counter()
@@ -301,7 +300,8 @@ def main() -> None:
     ap.add_argument("--store", default=None, help="checkpoint store (default: a temporary directory)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-raw", action="store_true")
-    ap.add_argument("--gap", type=float, default=0.0, help="seconds between a round's warm cell and the next suspend")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between the last cell and each suspend "
+                    "(an idle user; gpucr_hooks collects garbage after 2 s)")
     ap.add_argument("--cold", action="store_true", help="evict the store from the page cache before each resume, "
                     "and measure the store's disk bandwidth in the same run")
     ap.add_argument("--eager", action="store_true", help="restore all memory before the kernel runs (GPUCR.lazy_restore off)")
@@ -336,7 +336,7 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(), "cpus": os.cpu_count(),
               "kind": args.kind, "store": str(store), "restore": "eager" if args.eager else "lazy",
               "gpus": [g.name for g in gpus.list_gpus()], "driver": gpus.driver_version(),
-              "rounds": rows, "raw": raw, "cold_start_s": cold, "warm_before_s": warm_before, "moved": moved, "disk": disk}
+              "gap_s": args.gap, "rounds": rows, "raw": raw, "cold_start_s": cold, "warm_before_s": warm_before, "moved": moved, "disk": disk}
     print(json.dumps(result, indent=2, default=str))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))

@@ -30,15 +30,15 @@ if [ -n "${W2_ROUNDS:-}" ]; then
         2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2.log"
     rm -rf /dev/shm/gpucr-w2
 fi
-# The same with eager restores (CRIU brings all memory back before the kernel runs), W2_EAGER=1.
-if [ -n "${W2_EAGER:-}" ]; then
-    python3 bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2-eager --rounds 2 --no-raw --eager --json-out "$OUT/w2-eager.json" \
-        2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2-eager.log"
-    rm -rf /dev/shm/gpucr-w2-eager
+# A second W2 run with other options (W2_AGAIN="--gap 3", say), beside the first.
+if [ -n "${W2_AGAIN:-}" ]; then
+    python3 bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2-again --rounds 2 --no-raw $W2_AGAIN --json-out "$OUT/w2-again.json" \
+        2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2-again.log"
+    rm -rf /dev/shm/gpucr-w2-again
 fi
 # The same to a disk store, each resume from a cold page cache (W2_DISK=1 to run it).
 if [ -n "${W2_DISK:-}" ]; then
-    python3 bench/bench_w2.py --kind gpu --store /root/gpucr-w2-disk --rounds 1 --no-raw --cold --json-out "$OUT/w2-disk.json" \
+    python3 bench/bench_w2.py --kind gpu --store /root/gpucr-w2-disk --rounds 1 --no-raw --cold --json-out "$OUT/w2-disk.json" ${W2_DISK_ARGS:-} \
         2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2-disk.log"
     rm -rf /root/gpucr-w2-disk
 fi

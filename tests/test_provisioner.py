@@ -167,3 +167,12 @@ async def _shutdown_ends_tree(km: AsyncKernelManager, kc: AsyncKernelClient, now
     assert elapsed < SHUTDOWN_S, f"shutdown took {elapsed:.1f} s"
     assert not km.has_kernel
     assert survivors(procs) == []
+
+
+async def test_ipython_kernels_get_the_hooks_as_an_extension(kernel_specs):
+    """The gpucr provisioner loads gpucr_hooks into IPython kernels, whose garbage is then
+    collected between cells rather than during a suspend."""
+    async with running_kernel(kernel_specs) as (_km, kc):
+        loaded = await evaluate(kc, "", "sorted(get_ipython().extension_manager.loaded)")
+        assert "gpucr_hooks" in loaded
+        assert await evaluate(kc, "import sys", "'gpucr_hooks' in sys.modules and 'gpucr_hooks' not in globals()")

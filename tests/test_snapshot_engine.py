@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from gpucr_hooks.devicemap import DeviceMap
+from gpucr_hooks.idle import IDLE_S
 from jupyter_client.manager import AsyncKernelManager
 
 from jupyter_gpucr.server import kernel_rpc as snapshot
@@ -204,6 +205,36 @@ def test_prepare_suspend_collects_garbage_and_reports_memory() -> None:
             assert report["per_device"] == [] and report["libraries"] == [] and report["warnings"] == []
             assert report["live_bytes"] == report["reserved_before"] == report["reserved_after"] == 0
             await execute(client, "gc.enable()")  # the kernel still works
+
+    run(scenario())
+
+
+def test_garbage_is_collected_while_the_kernel_is_idle_so_a_suspend_need_not() -> None:
+    """With gpucr_hooks loaded as an IPython extension (the gpucr provisioner does that), a full
+    collection runs once the kernel has been idle a while; a suspend right after a cell still
+    collects what that cell left."""
+    cycle = ("class Node: pass\n"
+             "a, b = Node(), Node()\n"
+             "a.other, b.other, a.data = b, a, np.ones(32 << 20)\n"
+             "del a, b")
+
+    async def rss(client: Any) -> int:
+        text, _ = await execute(client, "print(int(open('/proc/self/statm').read().split()[1]) * 4096)")
+        return int(text)
+
+    async def scenario() -> None:
+        async with kernel() as client:
+            await execute(client, "%load_ext gpucr_hooks")
+            await execute(client, "import gc, numpy as np\ngc.disable()\n" + cycle)
+            before = await rss(client)  # the garbage's 256 MiB are still held
+            await asyncio.sleep(IDLE_S + 1.5)
+            assert before - await rss(client) > 200 << 20, "the idle kernel did not collect"
+            await asyncio.sleep(IDLE_S + 1.5)  # the rss cell above was a cell: let the kernel be idle again
+            report = await snapshot.prepare_suspend(client)
+            assert report["gc_collected"] is None and report["gc_s"] < 0.05  # nothing could have formed since
+            await execute(client, cycle)
+            report = await snapshot.prepare_suspend(client)  # right after a cell: it collects
+            assert report["gc_collected"] >= 2 and report["rss_before"] - report["rss_after"] > 200 << 20
 
     run(scenario())
 

@@ -1,4 +1,5 @@
-"""Kernel side of jupyter-gpucr, called inside an IPython kernel by the server.
+"""Kernel side of jupyter-gpucr, called inside an IPython kernel by the server; also an IPython
+extension (``idle``: garbage collected between cells, not during a suspend).
 
 The server calls these functions by executing code silently in the kernel (see
 ``jupyter_gpucr.server.kernel_rpc``): nothing they do reaches a cell's output. Importing this
@@ -9,10 +10,12 @@ notebook already has.
 from __future__ import annotations
 
 from . import _rpc
+from .idle import load_ipython_extension, unload_ipython_extension
 from .offload import offload_tensors, reload_tensors
 from .snapshot import snapshot_load, snapshot_save
 from .trim import prepare_suspend
 
-__all__ = ["offload_tensors", "prepare_suspend", "reload_tensors", "snapshot_load", "snapshot_save"]
+__all__ = ["load_ipython_extension", "offload_tensors", "prepare_suspend", "reload_tensors", "snapshot_load",
+           "snapshot_save", "unload_ipython_extension"]
 
 _rpc.register(prepare_suspend, offload_tensors, reload_tensors, snapshot_save, snapshot_load)

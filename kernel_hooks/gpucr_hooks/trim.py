@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import idle
+
 
 def prepare_suspend() -> dict[str, Any]:
     """Collect garbage and give allocator caches back; report what is left.
@@ -23,11 +25,12 @@ def prepare_suspend() -> dict[str, Any]:
     Returns ``live_bytes`` (GPU memory still in use by live arrays), ``reserved_before`` /
     ``reserved_after`` (GPU memory held by the allocators), ``per_device`` rows, the
     ``libraries`` that were trimmed, host ``rss_before`` / ``rss_after``, ``warnings`` and
-    where the time went (``gc_s``, ``libraries_s``, ``malloc_trim_s``, ``seconds``).
+    where the time went (``gc_s``, ``libraries_s``, ``malloc_trim_s``, ``seconds``);
+    ``gc_collected`` is None when the collection was skipped (done while the kernel was idle).
     """
     t0 = time.perf_counter()
     rss_before = _rss()
-    collected = gc.collect()
+    collected = None if idle.collected_since_last_cell() else gc.collect()  # None: nothing to collect
     t_gc = time.perf_counter()
     report: dict[str, Any] = {"per_device": [], "libraries": [], "warnings": [], "live_bytes": 0}
     for name, trim in _TRIMMERS.items():
