@@ -48,6 +48,9 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)))")
     assert out.split()[-1] == checksum
 
+    stack = ("import ctypes\n_v = ctypes.c_size_t()\n"
+             "ctypes.CDLL('libcuda.so.1').cuCtxGetLimit(ctypes.byref(_v), 0)\nprint(_v.value)")
+    _, stack_before, _ = await execute(ws, stack)
     svc.options.trim_before_suspend = svc.options.offload_gpu_tensors = True
     trimmed = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert trimmed["trim"]["reserved_after"] < trimmed["trim"]["reserved_before"]
@@ -59,6 +62,8 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), torch.cuda.memory_reserved() >> 20)")
     assert out.split()[-2] == checksum
+    _, stack_after, _ = await execute(ws, stack)
+    assert int(stack_before) > 0 and stack_after == stack_before, "the stack limit given back at suspend is put back"
     a, b = untrimmed["checkpoint"]["size"], trimmed["checkpoint"]["size"]
     print(f"\nGPU kernel image: {a >> 20} MiB untrimmed, {b >> 20} MiB trimmed; timings untrimmed "
           f"{untrimmed['timings']}, trimmed {trimmed['timings']}")

@@ -11,7 +11,8 @@ which is the host copy: the server makes the files durable while CRIU dumps the 
 is only stopped for good once both are), so the image never holds the tensors twice. A full disk
 fails the writes before anything left the GPU.
 
-After the restore each storage is given its size back and refilled from the files. What is not
+The GPU's thread-stack reservation is given back too (``stacks``). After the restore each storage
+is given its size back and refilled from the files, and the stack limit put back. What is not
 found here (tensors only C++ holds, CUDA graphs' pools) still goes through the driver's
 checkpoint: correctness never depends on finding every tensor.
 
@@ -31,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from . import stacks
 
 CHUNK = 16 << 20  # 32 staging buffers of it: 512 MiB to fault in and register (1 GiB took 0.15 s)
 WRITERS = min(16, os.cpu_count() or 1)  # one file each: writes into fresh tmpfs pages scale with threads
@@ -83,6 +86,7 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
         st.resize_(0)
     _folder = path
     torch.cuda.empty_cache()
+    stacks.release(torch, used_devices)
     t_freed = time.perf_counter()
     return {"bytes": sum(size for _st, _offset, size in _offloaded), "storages": len(storages), "files": WRITERS,
             "seconds": round(time.perf_counter() - t0, 3), "find_s": round(t_found - t0, 3),
@@ -116,6 +120,7 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
             staging.upload(pool, stripes.read_placed, targets)  # reads run ahead across storages, many are small
             waits = {"read_wait_s": round(staging.read_wait, 3), "copy_up_s": round(staging.copy_time, 3)}
         torch.cuda.synchronize()
+        stacks.restore(torch)
         _offloaded.clear()
         _placed.clear()
     finally:
