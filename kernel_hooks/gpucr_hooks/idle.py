@@ -34,9 +34,17 @@ def unload_ipython_extension(ip: Any) -> None:
     _cancel()
 
 
-def collected_since_last_cell() -> bool:
-    """Whether a full collection ran after the last cell and no cell ran since."""
-    return _clean and not _running
+def collect_unless_clean() -> int | None:
+    """For a suspend: a full collection, unless one ran after the last cell and no cell ran
+    since (then None). A collection still pending is cancelled: it must not run in the middle
+    of the suspend."""
+    global _clean
+    _cancel()
+    if _clean and not _running:
+        return None
+    collected = gc.collect()
+    _clean = not _running
+    return collected
 
 
 def _cell_starts(_info: Any) -> None:

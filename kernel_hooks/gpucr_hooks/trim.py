@@ -9,7 +9,6 @@ notebook already imported are touched; nothing here imports them or initialises 
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ def prepare_suspend() -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     rss_before = _rss()
-    collected = None if idle.collected_since_last_cell() else gc.collect()  # None: nothing to collect
+    collected = idle.collect_unless_clean()
     t_gc = time.perf_counter()
     report: dict[str, Any] = {"per_device": [], "libraries": [], "warnings": [], "live_bytes": 0}
     for name, trim in _TRIMMERS.items():
