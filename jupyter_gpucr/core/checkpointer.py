@@ -43,7 +43,7 @@ from .errors import (
 from .launcher import HOLDER, Started, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
-from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, fsync_tree, name_of_id, private_files, read_json
+from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, fsync_trees, name_of_id, private_files, read_json
 
 Progress = Callable[[str, int, int], None]
 
@@ -229,7 +229,7 @@ class Checkpointer:
             timings["checks"] = time.perf_counter() - t0  # what runs before the GPU is touched
             # The disk starts on what is already written while the driver and CRIU work (from this
             # process: a fsync inside the kernel had slowed the driver's checkpoint beside it 7x).
-            flushing = _in_background(_fsync_trees, also_durable) if also_durable else None
+            flushing = _in_background(fsync_trees, also_durable) if also_durable else None
             for p in cuda_pids:
                 cuda.lock(p, self.lock_timeout_ms)
                 locked.append(p)
@@ -786,12 +786,6 @@ def _stop_for_good(pid: int) -> None:
         except ProcessLookupError:
             continue
     wait_gone(pid, 10)
-
-
-def _fsync_trees(roots: list[Path]) -> None:
-    for root in roots:
-        if root.exists():
-            fsync_tree(root)
 
 
 def _in_background(fn: Callable[..., None], *args: Any) -> Future[None]:

@@ -23,6 +23,7 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,14 @@ def fsync_tree(root: Path) -> None:
         list(pool.map(fsync_path, files))
     for dirpath, _d, _names in walked:  # deepest first
         fsync_path(dirpath)
+
+
+def fsync_trees(roots: Iterable[Path]) -> None:
+    """:func:`fsync_tree` on each of ``roots`` that exists (folders a checkpoint needs beside
+    its images, which a process may not have written)."""
+    for root in roots:
+        if root.exists():
+            fsync_tree(root)
 
 
 def private_files(directory: Path, *names: str) -> None:

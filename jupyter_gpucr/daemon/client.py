@@ -23,7 +23,7 @@ import psutil
 from ..core.checkpointer import Recovery, Running
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.launcher import Started
-from ..core.store import MANIFEST, Checkpoint, Store, fsync_tree, make_private_dir, read_json, write_json_atomic
+from ..core.store import MANIFEST, Checkpoint, Store, fsync_trees, make_private_dir, read_json, write_json_atomic
 from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
 
 Progress = Callable[[str, int, int], None]
@@ -189,9 +189,7 @@ class DaemonCheckpointer:
                    before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = ()) -> Checkpoint:
         if before_dump is not None:  # the daemon's driver checkpoint and dump are one request
             before_dump()
-        for folder in also_durable:  # on disk before the daemon's dump ends the process
-            if folder.exists():
-                fsync_tree(folder)
+        fsync_trees(also_durable)  # on disk before the daemon's dump ends the process
         result = self.client.call("checkpoint", progress, name=target, leave_running=leave_running, reason=reason,
                                   extra=extra or {})
         ckpt = self.store.mirror(result["id"], result["manifest"])
