@@ -389,8 +389,8 @@ class KernelSuspender:
         try:
             await settled
         except BaseException as e:
-            async with self.operation(kernel_id):
-                if self.lifecycle.state_of(kernel_id) == RUNNING:
+            async with self.operation(kernel_id):  # not if it was shut down or suspended meanwhile
+                if kernel_id in self.kernel_manager and self.lifecycle.state_of(kernel_id) == RUNNING:
                     await self._back_to_suspended(kernel_id, e)
 
     async def _back_to_suspended(self, kernel_id: str, err: BaseException) -> None:
