@@ -8,6 +8,11 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 bash scripts/setup.sh || exit 1
 rc=0
+# Every process a test leaves suspended keeps a CRIU network lock (an nftables table) after its
+# store is deleted; Linux allows 1024 of them per host. Drop the ones this run adds, at exit.
+locks=$(mktemp)
+.venv/bin/python -c 'from jupyter_gpucr.core.criu import network_lock_tables as t; print("\n".join(t()))' > "$locks" 2>/dev/null
+trap '.venv/bin/python -c "import sys; from jupyter_gpucr.core.criu import drop_network_locks_except as d; d(set(open(sys.argv[1]).read().split()))" "$locks" 2>/dev/null; rm -f "$locks"' EXIT
 # Lint and types first: cheap, and a failure here fails the run like a failed test.
 echo "test: ruff and mypy"
 .venv/bin/ruff check jupyter_gpucr tests bench kernel_hooks || rc=1

@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 
 from ..core import cuda, gpus
-from ..core.criu import Criu
+from ..core.criu import NETWORK_LOCKS_MAX, Criu, network_locks_held
 from ..core.errors import GPUCRError
 from ..core.privileges import Check, check_privileges
 from ..core.store import Store
@@ -84,6 +84,11 @@ def run_checks(store: Store | None = None, criu_path: str | None = None, daemon_
                         "" if free > 1 << 30 else "Free disk or set GPUCR_STORE to a larger disk."))
     avail = psutil.virtual_memory().available
     checks.append(Check("host memory", True, f"{avail >> 30} GiB available (GPU memory is staged here while suspending)"))
+    held = network_locks_held()
+    if held is not None:
+        room = held < NETWORK_LOCKS_MAX * 0.9
+        checks.append(Check("network locks", room, f"{held} of {NETWORK_LOCKS_MAX} held (one per suspended process)",
+                            "" if room else "Restore or delete old checkpoints: each releases its lock.", required=False))
     return checks
 
 

@@ -204,7 +204,7 @@ class Criu:
         proc = subprocess.run(argv, capture_output=True, text=True)
         elapsed = time.perf_counter() - start
         if proc.returncode != 0:
-            failure = explain_log(workdir / "dump.log", proc.returncode, proc.stderr)
+            failure = _locks_exhausted(explain_log(workdir / "dump.log", proc.returncode, proc.stderr))
             hint = failure.hint
             if keep_log is not None and (workdir / "dump.log").exists():
                 try:  # best effort: the disk may be the very thing that is full
@@ -324,6 +324,41 @@ def _delete_table(name: str) -> None:
                        attrs=_nl_attr(_NFTA_TABLE_NAME, name.encode() + b"\0"))
              + _nl_msg(_NFNL_MSG_BATCH_END, _NLM_F_REQUEST, 3, socket.AF_UNSPEC, _NFNL_SUBSYS_NFTABLES))
     _nl_exchange(batch)
+
+
+# CRIU's nftables lock registers hooks on the host's input and output paths, one set per dumped
+# process until it is restored; Linux allows 1024 entries per hook (MAX_HOOK_COUNT), so the
+# 1025th lock fails ("Locking network failed using nftables").
+NETWORK_LOCKS_MAX = 1024
+
+
+def network_locks_held() -> int | None:
+    """How many CRIU network locks the host holds; None where they cannot be listed."""
+    try:
+        return len(network_lock_tables())
+    except OSError:
+        return None
+
+
+def drop_network_locks_except(keep: set[str]) -> int:
+    """Delete every CRIU network lock not named in ``keep``; how many. For test runs, whose stores
+    are deleted with the checkpoints never restored: their locks would stay until a reboot."""
+    dropped = 0
+    for table in network_lock_tables():
+        if table not in keep:
+            _delete_table(table)
+            dropped += 1
+    return dropped
+
+
+def _locks_exhausted(failure: CriuFailure) -> CriuFailure:
+    """A failed network lock, when the host is out of them, said as such."""
+    held = network_locks_held() if "Locking network failed" in failure.raw else None
+    if held is None or held < NETWORK_LOCKS_MAX - 8:
+        return failure
+    return CriuFailure(f"the host holds {held} CRIU network locks, one per suspended process, and Linux allows "
+                       f"{NETWORK_LOCKS_MAX}", "Restore or delete old checkpoints: each restore or deletion "
+                       "releases its lock ('gpucr doctor' counts them).", failure.raw)
 
 
 def drop_network_lock(images: Path) -> str | None:

@@ -1,8 +1,6 @@
 """One state machine per kernel: ``running -> [suspend-pending ->] suspending -> suspended ->
 restoring -> running``, with the failure edges ``suspending -> running`` (the kernel keeps
-running) and ``restoring -> suspended`` (the checkpoint is kept), and ``running -> suspended`` for a
-restored kernel whose memory never all came back (a lazy restore whose page daemon failed: it was
-stopped, its checkpoint is intact).
+running) and ``restoring -> suspended`` (the checkpoint is kept).
 
 :meth:`KernelLifecycle.transition` is the only place a state changes, and every change is
 emitted on jupyter_server's event bus, so the REST API, the events and the UI cannot disagree.
@@ -30,7 +28,7 @@ EVENT_FIELDS = ["error", "hint", "notebook_path", "restored_at", "suspended_for"
 
 RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
 TRANSITIONS: dict[str, set[str]] = {
-    RUNNING: {PENDING, SUSPENDING, SUSPENDED},
+    RUNNING: {PENDING, SUSPENDING},
     PENDING: {RUNNING, SUSPENDING},
     SUSPENDING: {RUNNING, SUSPENDED},
     SUSPENDED: {RESTORING},

@@ -404,6 +404,8 @@ class KernelSuspender:
         await self.kernel_manager.detach_kernel(kernel_id, "idle")
         await km.provisioner.kill()
         km.provisioner.mark_suspended()
+        if self.lifecycle.state_of(kernel_id) == RUNNING:  # already handed back: through suspending
+            self.lifecycle.transition(kernel_id, SUSPENDING, "failed", error=e.message, hint=e.hint)
         self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=e.message, hint=e.hint)
         self.kernel_manager.settle_connections(kernel_id)
 
