@@ -176,7 +176,7 @@ def _reap_until_empty(main: int, on_exit: dict[int, Callable[[int], None]] | Non
             on_exit.pop(pid)(os.waitstatus_to_exitcode(status))
 
 
-def _pages_settled(pages_path: str, socket: Path) -> Callable[[int], None]:
+def _pages_settled(pages_path: str, socket: Path, main: int) -> Callable[[int], None]:
     """What to do when the lazy-pages daemon exits: all pages are in, or the tree must die now
     (if it is not dead already: it may have been killed for a page it waited for)."""
     def settled(code: int) -> None:
@@ -186,7 +186,10 @@ def _pages_settled(pages_path: str, socket: Path) -> Callable[[int], None]:
             return
         # Said first: whoever sees the tree die must find out why.
         _write_status(pages_path, {"pages": "lost", "error": f"CRIU's lazy-pages daemon exited with {code}"})
-        os.kill(-1, signal.SIGKILL)  # every process of this namespace but its init (this one)
+        if os.getpid() == 1:  # init of the namespace: -1 is every other process in it
+            os.kill(-1, signal.SIGKILL)
+        else:
+            _signal_group(main, signal.SIGKILL)
     return settled
 
 
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if lazy is not None:
         _write_status(args.pages, {"pages": "lazy"})
     _write_status(args.status, {"ok": True, "ns_pid": main_pid})
-    return _reap_until_empty(main_pid, {lazy: _pages_settled(args.pages, socket)} if lazy else None)
+    return _reap_until_empty(main_pid, {lazy: _pages_settled(args.pages, socket, main_pid)} if lazy else None)
 
 
 if __name__ == "__main__":

@@ -368,7 +368,11 @@ class KernelSuspender:
                 reattach.cancel()
                 await self._back_to_suspended(kernel_id, lost)
                 raise lost
-            await reattach
+            try:
+                await reattach
+            except BaseException:
+                settled.cancel()  # nobody waits for it any more
+                raise
             now = time.time()
             gpu_now = self._gpu_of(kernel_id)
             st = self.lifecycle.transition(
@@ -388,7 +392,7 @@ class KernelSuspender:
     async def _until_settled(self, kernel_id: str, settled: asyncio.Future[None]) -> None:
         try:
             await settled
-        except BaseException as e:
+        except Exception as e:  # not a cancellation (the server stopping)
             async with self.operation(kernel_id):  # not if it was shut down or suspended meanwhile
                 if kernel_id in self.kernel_manager and self.lifecycle.state_of(kernel_id) == RUNNING:
                     await self._back_to_suspended(kernel_id, e)
