@@ -28,7 +28,7 @@ import psutil
 from .._version import __version__
 from . import cuda, gpus, hugepages
 from .checksums import DigestWhileWriting, digest_tree
-from .criu import LAZY_LOG, LAZY_SOCKET, Criu, at_work_in, drop_network_lock, explain_log
+from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, explain_log
 from .errors import (
     BusyError,
     CheckpointDamagedError,
@@ -790,7 +790,7 @@ def _stop_for_good(pid: int) -> None:
 
 def _in_background(fn: Callable[..., None], *args: Any) -> Future[None]:
     """``fn(*args)`` on a thread of its own; the future carries its outcome."""
-    pool = ThreadPoolExecutor(1, thread_name_prefix="gpucr-verify")
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gpucr-background")
     try:
         return pool.submit(fn, *args)
     finally:
@@ -802,7 +802,7 @@ def _unix_name_still_held(line: str) -> bool:
     restoring right after the dumped process was killed; not understood yet (a socket whose last
     reference is in flight lingers until the kernel's unix garbage collector frees it). Wait a
     moment and say retry; a second failure is reported."""
-    if not re.search(r"unix: Can't bind .*Address already in use", line):
+    if not re.search(UNIX_NAME_TAKEN, line):
         return False
     time.sleep(1.0)
     return True

@@ -38,6 +38,9 @@ DUMP_DONE = "Dumping finished successfully"
 # Where a lazy restore's page daemon listens and logs, in the restore's work directory.
 LAZY_SOCKET, LAZY_LOG = "lazy-pages.socket", "lazy-pages.log"
 
+# CRIU could not bind a UNIX socket name the restored process had: another socket still holds it.
+UNIX_NAME_TAKEN = r"unix: Can't bind .*Address already in use"
+
 # Log lines CRIU prints as errors on every run here although the operation succeeds.
 _HARMLESS = ("RLIMIT_NOFILE", "kdat cache")
 
@@ -48,7 +51,7 @@ _HINTS: list[tuple[str, str]] = [
     (r"Operation not permitted|Permission denied", "CRIU needs root or CAP_CHECKPOINT_RESTORE + CAP_SYS_PTRACE. Run 'gpucr doctor'."),
     (r"/dev/nvidia", "The process still holds GPU device files: a child process using CUDA (e.g. a DataLoader worker) cannot be checkpointed by the driver."),
     (r"unix.*(external|peer)|Can't dump.*unix", "The process has a UNIX socket connected to a process outside its tree."),
-    (r"unix: Can't bind .*Address already in use", "A UNIX socket name the process had bound is taken by another process "
+    (UNIX_NAME_TAKEN, "A UNIX socket name the process had bound is taken by another process "
      "(or the old process is still exiting): stop that process, or retry."),
     (r"Address already in use", "A TCP port the process listened on is in use by another process, or held in TIME_WAIT "
      "and the socket lacks SO_REUSEADDR: stop the other process or retry in a minute."),
