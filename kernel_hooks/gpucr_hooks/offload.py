@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import stacks
+from . import idle, stacks
 
 CHUNK = 16 << 20  # 32 staging buffers of it: 512 MiB to fault in and register (1 GiB took 0.15 s)
 WRITERS = min(16, os.cpu_count() or 1)  # one file each: writes into fresh tmpfs pages scale with threads
@@ -52,7 +52,8 @@ _folder: str | None = None
 def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     """Move every large CUDA storage out of the GPU into the folder ``path`` and free its device
     memory; return once the bytes are written (not yet durable: see the module's docstring).
-    ``collect=False`` skips the garbage collection (the caller just ran one). Reports the bytes
+    ``collect=False`` skips the garbage collection (the caller just ran one; with ``collect`` it is
+    skipped too when the kernel collected while idle, see ``idle``). Reports the bytes
     moved and where the time went."""
     global _folder
     t0 = time.perf_counter()
@@ -60,7 +61,7 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     if torch is None or not torch.cuda.is_initialized() or _offloaded:
         return {"bytes": 0, "storages": 0}
     if collect:
-        gc.collect()
+        idle.collect_unless_clean()
     with ThreadPoolExecutor(1) as early:
         pending = early.submit(_Staging, torch, WRITERS * BUFFERS_PER_THREAD)  # faulted in while the storages are found
         try:
