@@ -26,7 +26,10 @@ export async function shot(
 
 /**
  * PIDs of this machine's processes that run the kernel: their command line
- * names its connection file `kernel-<id>.json`.
+ * names its connection file `kernel-<id>.json`. A kernel restored lazily has
+ * an empty command line until CRIU's lazy-pages daemon has brought back the
+ * page that holds it: then it counts if its parent is the kernel's namespace
+ * holder (whose command line names `procs/<id>/`).
  */
 export function kernelPids(kernelId: string): number[] {
   const pids: number[] = [];
@@ -34,17 +37,39 @@ export function kernelPids(kernelId: string): number[] {
     if (!/^\d+$/.test(entry)) {
       continue;
     }
-    let cmdline = '';
-    try {
-      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-    } catch {
+    const cmdline = readProc(entry, 'cmdline');
+    if (cmdline === null) {
       continue; // exited meanwhile
     }
-    if (cmdline.includes(`kernel-${kernelId}.json`)) {
+    if (
+      cmdline.includes(`kernel-${kernelId}.json`) ||
+      (cmdline === '' && isHolderOf(livingParent(entry), kernelId))
+    ) {
       pids.push(Number(entry));
     }
   }
   return pids;
+}
+
+function readProc(pid: string, file: string): string | null {
+  try {
+    return fs.readFileSync(`/proc/${pid}/${file}`, 'utf8');
+  } catch {
+    return null;
+  }
+}
+
+/** The parent of a process that is not a zombie (whose command line is empty too); '' otherwise. */
+function livingParent(pid: string): string {
+  // /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces
+  const stat = readProc(pid, 'stat') ?? '';
+  const [state, ppid] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return state && state !== 'Z' && state !== 'X' ? (ppid ?? '') : '';
+}
+
+function isHolderOf(pid: string, kernelId: string): boolean {
+  const cmdline = pid ? readProc(pid, 'cmdline') : null;
+  return !!cmdline && cmdline.includes(`/procs/${kernelId}/.status`);
 }
 
 /** The id of the current notebook's kernel, once it has one. */
