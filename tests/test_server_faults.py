@@ -256,3 +256,26 @@ async def test_a_kernel_whose_memory_never_came_back_is_shown_suspended_and_rest
     _, out, _ = await execute(ws, "print(x)", timeout=60)
     assert out == "42\n"
     ws.close()
+
+
+async def test_a_reconnect_cut_short_leaves_the_websocket_working(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """A restored kernel that dies while the server reconnects its websockets has that reconnect
+    cancelled. The half-made connection must not stay registered as the client's session: the
+    next reconnect would take the client's own websocket for a stale duplicate and close it."""
+    kid = (await new_session(jp_fetch, "reconnect.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, "x = 42")
+    [conn] = jp_serverapp.kernel_manager.connections_of(kid)
+    conn.hold()
+    conn.sleep()  # dormant, as during a suspend; the kernel itself runs on
+    waking = asyncio.ensure_future(conn.wake())
+    for _ in range(3):  # into the reconnect: registered as the session, waiting for the kernel
+        await asyncio.sleep(0)
+    assert not waking.done()
+    waking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waking
+    await conn.wake()
+    _, out, _ = await execute(ws, "print(x)", timeout=60)
+    assert out == "42\n"
+    ws.close()

@@ -164,11 +164,19 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             return
         if self._live is None:
             live = self._new_live()
-            await live.prepare()
-            self.multi_kernel_manager.notify_disconnect(self.kernel_id)  # live.connect() counts itself
-            connected = live.connect()
-            if connected is not None:
-                await connected
+            try:
+                await live.prepare()
+                self.multi_kernel_manager.notify_disconnect(self.kernel_id)  # live.connect() counts itself
+                connected = live.connect()
+                if connected is not None:
+                    await connected
+            except BaseException:
+                # Cut short (the kernel died meanwhile and the wake was cancelled): the half-made
+                # connection must not stay registered as this session, or the next wake's prepare()
+                # would close this very websocket as a stale duplicate. Counted as in sleep().
+                self.multi_kernel_manager.notify_connect(self.kernel_id)
+                live.disconnect()
+                raise
             self._live = live
         queued, self._queue = self._queue, []
         for msg in queued:
