@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -325,6 +326,66 @@ def test_lazily_restored_process_runs_at_once_and_can_be_checkpointed_again_righ
         assert not list(cr.store.checkpoints_root.glob("*/lazy-pages.socket")), "the daemon's socket is left behind"
     finally:
         cr.remove("lazy", kill=True)
+
+
+def test_eager_restore_copies_the_memory_in_with_many_threads_before_the_process_runs(criu_path, store_dir, tmp_path):
+    """An eager restore (every GPU process's) hands the process back with all its memory in place:
+    gpucr's page daemon copies it in while CRIU leaves the tree stopped, and the tree runs after."""
+    hello, counts = start_agent(store_dir, "filled", tmp_path, mb=400)
+    cr = Checkpointer(store_dir, lazy_restore=False)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd")
+    try:
+        first = cr.checkpoint("filled")
+        running = cr.restore("filled")
+        assert json.loads((store_dir / "procs" / "filled" / ".pages").read_text()) == {"pages": "in"}
+        assert "page_fill" in running.timings
+        log = (first.path / "lazy-pages.log").read_text()
+        copied = int(re.search(r"(\d+) bytes copied in by \d+ threads", log)[1])
+        assert copied > 400 << 20, "the agent's memory did not come through the page daemon"
+        assert psutil.Process(running.pid).status() != psutil.STATUS_STOPPED
+        assert ask(hello["port"])["checksum"] == hello["checksum"]
+        cr.checkpoint("filled")
+        cr.restore("filled")
+        assert ask(hello["port"])["checksum"] == hello["checksum"]
+        time.sleep(0.3)
+        seen = read_counts(counts)
+        assert seen == list(range(1, len(seen) + 1)), "the counter file must continue without gaps or repeats"
+        assert not list(cr.store.checkpoints_root.glob("*/lazy-pages.socket")), "the daemon's socket is left behind"
+    finally:
+        cr.remove("filled", kill=True)
+
+
+@pytest.mark.parametrize(("when", "said"), [("task", "memory in stopped during the restore"), ("copying", "lost its memory")])
+def test_failed_page_fill_fails_the_restore_and_keeps_the_checkpoint(criu_path, store_dir, tmp_path, monkeypatch, when, said):
+    """The page daemon dies while CRIU restores the tree, or while the tree waits, stopped, for its
+    memory: the restore fails saying so, nothing of the tree is left, and the checkpoint restores
+    it again."""
+    hello, _counts = start_agent(store_dir, "unfilled", tmp_path, mb=50)
+    cr = Checkpointer(store_dir, lazy_restore=False)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd")
+    real = cr.criu.page_fill_argv
+    # Killed once its log says CRIU handed it the tree, or that it began copying.
+    killer = '"$@" & d=$!; while ! grep -qs "$WHEN" "$LOG"; do sleep 0.001; done; kill -9 $d; wait $d; exit 9'
+    monkeypatch.setattr(cr.criu, "page_fill_argv", lambda images, workdir: [
+        "env", f"LOG={workdir / 'lazy-pages.log'}", f"WHEN={when}", "sh", "-c", killer, "sh", *real(images, workdir)])
+    try:
+        ckpt = cr.checkpoint("unfilled")
+        with pytest.raises(EngineError) as err:
+            cr.restore("unfilled")
+        assert said in str(err.value) and ("checkpoint is intact" in str(err.value) or "checkpoint is kept" in str(err.value))
+        status_arg = f"--status={store_dir / 'procs' / 'unfilled' / '.status'}"
+        deadline = time.monotonic() + 10
+        while [p for p in psutil.process_iter(["cmdline"]) if status_arg in (p.info["cmdline"] or [])]:
+            assert time.monotonic() < deadline, "the namespace of the restored process is still there"
+            time.sleep(0.05)
+        assert cr.status("unfilled")["state"] == "checkpointed" and ckpt.path.is_dir()
+        monkeypatch.undo()
+        cr.restore("unfilled")
+        assert ask(hello["port"])["checksum"] == hello["checksum"]
+    finally:
+        cr.remove("unfilled", kill=True)
 
 
 def test_failed_lazy_pages_daemon_stops_the_process_and_keeps_its_checkpoint(criu_path, store_dir, tmp_path, monkeypatch):

@@ -378,24 +378,35 @@ class Checkpointer:
         # What recovery needs if this process dies before the restored one is recorded as running.
         self.store.write_proc(name, {**rec, "restoring": {"checkpoint": ckpt.id, "ns_pid": ckpt.manifest.get("ns_pid"),
                                                           "gpu_map": gpu_map, "since": time.time(), "by": os.getpid()}})
-        # GPU processes are restored eagerly: the CUDA driver's restore faulting its memory in page
-        # by page through the lazy-pages daemon took 11.4-11.9 s instead of 0.29 s (W2 on the H200),
-        # and letting the daemon copy it all in first was no faster than CRIU doing it (1.1-1.4 s
-        # against 1.2-1.3 s).
-        lazy = self.lazy_restore and not used and self.criu.lazy_pages_supported
+        # How the memory comes back. A process without GPU state runs at once, CRIU's lazy-pages
+        # daemon streaming its memory in behind (``lazy_restore``). A GPU process gets all of it
+        # before it runs (the CUDA driver's restore faulting it in page by page through that daemon
+        # took 11.4-11.9 s instead of 0.29 s, W2 on the H200); so does any other eager restore.
+        # gpucr's daemon (``pagefill``) copies it in with many threads, where CRIU reads it with one.
+        paged = self.criu.lazy_pages_supported
+        lazy = not used and self.lazy_restore and paged
+        fill = paged and not lazy
         t1 = time.perf_counter()
         try:
             try:
-                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach, leave_stopped=verifying is not None,
-                                              lazy=lazy)
+                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach,
+                                              leave_stopped=verifying is not None or fill, lazy=lazy, fill=fill)
             except GPUCRError:
                 if verifying is not None:
                     verifying.result()  # CRIU failed on a damaged image: say that, not what CRIU tripped over
                 raise
             timings["criu_restore"] = time.perf_counter() - t1
+            if fill:
+                lost = self._wait_for_pages(name, RESTORE_TIMEOUT)
+                if lost is not None:
+                    raise lost
+                timings["page_fill"] = time.perf_counter() - t1 - timings["criu_restore"]
+            t_checked = time.perf_counter()
             if verifying is not None:
                 self._continue_if_intact(started, verifying)
-                timings["verify_wait"] = time.perf_counter() - t1 - timings["criu_restore"]
+                timings["verify_wait"] = time.perf_counter() - t_checked
+            elif fill:
+                _continue(started)
             if used:
                 progress("gpu-restore", 0, ckpt.size)
                 t2 = time.perf_counter()
@@ -439,22 +450,23 @@ class Checkpointer:
             os.kill(started.holder_pid, signal.SIGKILL)  # unshare --kill-child takes the namespace with it
             wait_gone(started.pid, 10)
             raise
-        for p in tree(started.pid):
-            os.kill(p, signal.SIGCONT)
+        _continue(started)
 
     def _spawn_restore(self, name: str, images: Path, workdir: Path, detach: bool = True,
-                       leave_stopped: bool = False, lazy: bool = False) -> Started:
-        """Restore under a new holder; ``lazy``: the tree starts before its memory is back, CRIU's
-        lazy-pages daemon (run by the holder) brings it in behind (see :meth:`await_pages`)."""
+                       leave_stopped: bool = False, lazy: bool = False, fill: bool = False) -> Started:
+        """Restore under a new holder. ``lazy``: the tree starts before its memory is back, CRIU's
+        lazy-pages daemon (run by the holder) brings it in behind (see :meth:`await_pages`);
+        ``fill``: gpucr's daemon copies it all in while the tree is left stopped."""
         d = self.store.proc_dir(name)
         pidfile = d / ".restore.pid"
-        daemon = ([f"--lazy-pages={json.dumps(self.criu.lazy_pages_argv(images, workdir))}",
-                   f"--lazy-socket={workdir / LAZY_SOCKET}", f"--pages={d / PAGES}"] if lazy else [])
+        argv = self.criu.page_fill_argv(images, workdir) if fill else self.criu.lazy_pages_argv(images, workdir)
+        daemon = ([f"--lazy-pages={json.dumps(argv)}", f"--lazy-socket={workdir / LAZY_SOCKET}",
+                   f"--pages={d / PAGES}"] if lazy or fill else [])
         (d / PAGES).unlink(missing_ok=True)
         for attempt in range(2):
             pidfile.unlink(missing_ok=True)
             started = start_holder(["restore", f"--pidfile={pidfile}", *daemon, "--",
-                                    *self.criu.restore_argv(images, workdir, pidfile, leave_stopped, lazy)],
+                                    *self.criu.restore_argv(images, workdir, pidfile, leave_stopped, lazy or fill)],
                                    d / ".status", detach=detach, log_path=d / "holder.log",
                                    timeout=RESTORE_TIMEOUT)
             if started is not None:
@@ -494,8 +506,8 @@ class Checkpointer:
             return None
         return EngineError(f"The restored {name!r} lost its memory before all of it was back "
                            f"({report.get('error', 'the lazy-pages daemon failed')}); it was stopped.",
-                           f"Restore it again: its checkpoint is intact ('gpucr restore {name}'). CRIU's log: "
-                           f"{LAZY_LOG} in the checkpoint's folder.")
+                           f"Restore it again: its checkpoint is intact ('gpucr restore {name}'). The page "
+                           f"daemon's log: {LAZY_LOG} in the checkpoint's folder.")
 
     def _restore_gpu(self, started: Started, cuda_ns_pids: list[int], gpu_map: dict[str, str]) -> None:
         host_pids = [find_descendant_by_ns_pid(started.holder_pid, p) for p in cuda_ns_pids]
@@ -772,6 +784,12 @@ class Checkpointer:
                 self.store.delete(cid)
         self.store.remove_proc(name)
         return removed
+
+
+def _continue(started: Started) -> None:
+    """Let a tree that its restore left stopped run."""
+    for p in tree(started.pid):
+        os.kill(p, signal.SIGCONT)
 
 
 def _stop_for_good(pid: int) -> None:

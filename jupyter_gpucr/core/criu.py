@@ -37,6 +37,7 @@ DUMP_OPTS = ["--link-remap", "-v3"]
 DUMP_DONE = "Dumping finished successfully"
 # Where a lazy restore's page daemon listens and logs, in the restore's work directory.
 LAZY_SOCKET, LAZY_LOG = "lazy-pages.socket", "lazy-pages.log"
+PAGEFILL = Path(__file__).with_name("pagefill.py")
 
 # CRIU could not bind a UNIX socket name the restored process had: another socket still holds it.
 UNIX_NAME_TAKEN = r"unix: Can't bind .*Address already in use"
@@ -56,6 +57,8 @@ _HINTS: list[tuple[str, str]] = [
     (r"Address already in use", "A TCP port the process listened on is in use by another process, or held in TIME_WAIT "
      "and the socket lacks SO_REUSEADDR: stop the other process or retry in a minute."),
     (r"Connected TCP socket", "The process has a TCP connection CRIU was not told to keep."),
+    (r"uffd: |lazy-pages", "The daemon that brings the process's memory in stopped during the restore (its log: "
+     f"{LAZY_LOG} in the checkpoint's folder)."),
 ]
 
 
@@ -228,6 +231,12 @@ class Criu:
             *COMMON_OPTS, "--restore-detached", "--pidfile", str(pidfile), *(["--leave-stopped"] if leave_stopped else []),
             *(["--lazy-pages"] if lazy else []),
         ]
+
+    @staticmethod
+    def page_fill_argv(images: Path, workdir: Path) -> list[str]:
+        """gpucr's own lazy-pages daemon (``pagefill``) for a restore from ``images`` left stopped:
+        it copies the whole memory in with many threads, then exits; the tree runs after that."""
+        return [sys.executable, "-I", "-S", str(PAGEFILL), "-D", str(images), "-W", str(workdir), "-o", LAZY_LOG]
 
     def lazy_pages_argv(self, images: Path, workdir: Path) -> list[str]:
         """CRIU's lazy-pages daemon for a restore from ``images``: it listens on

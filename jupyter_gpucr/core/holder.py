@@ -9,11 +9,12 @@ same namespaces (``nsenter``), so neither namespace needs dumping.
 Modes: ``run`` launches a command; ``restore`` runs ``criu restore`` and adopts the result.
 The outcome is written as JSON to ``--status`` for the launcher.
 
-A restore with ``--lazy-pages`` first starts CRIU's lazy-pages daemon here, so the restored tree
+A restore with ``--lazy-pages`` first starts a lazy-pages daemon here (CRIU's, so the restored tree
 runs before its memory is all back: the daemon serves each page the tree touches and streams the
-rest behind it. The file ``--pages`` then says ``{"pages": "lazy"}``, later ``"in"`` once the
-daemon is done. Should the daemon fail, the tree's untransferred memory would read as zeros: the
-holder kills every process of the namespace at once and writes ``"lost"`` (the checkpoint is intact).
+rest behind it; or gpucr's ``pagefill``, which copies it all in while the tree is left stopped).
+The file ``--pages`` then says ``{"pages": "lazy"}``, later ``"in"`` once the daemon is done.
+Should the daemon fail, the tree's untransferred memory would read as zeros: the holder kills
+every process of the namespace at once and writes ``"lost"`` (the checkpoint is intact).
 """
 from __future__ import annotations
 
@@ -185,7 +186,7 @@ def _pages_settled(pages_path: str, socket: Path, main: int) -> Callable[[int], 
             _write_status(pages_path, {"pages": "in"})
             return
         # Said first: whoever sees the tree die must find out why.
-        _write_status(pages_path, {"pages": "lost", "error": f"CRIU's lazy-pages daemon exited with {code}"})
+        _write_status(pages_path, {"pages": "lost", "error": f"the lazy-pages daemon exited with {code}"})
         if os.getpid() == 1:  # init of the namespace: -1 is every other process in it
             os.kill(-1, signal.SIGKILL)
         else:
