@@ -211,7 +211,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
                      "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim"),
                      "huge_pages_before": huge_before, "huge_pages_after": huge_after, "resident_before_resume": resident,
                      "lazy_restore": (server.store / "procs" / kid / ".pages").exists(),
-                     "restore_timings": restored["timings"]})
+                     "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store)})
     moved = None
     if kind == "gpu" and len(gpus.list_gpus()) > 1:
         try:
@@ -221,6 +221,12 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
     ws.close()
     server.rest(f"api/kernels/{kid}", "DELETE")
     return rows, cold, warm_before, moved
+
+
+def _page_daemon_log(store: Path) -> list[str]:
+    """What the restore's page daemon said (how much it copied in, how fast), newest checkpoint first."""
+    logs = sorted(store.glob("checkpoints/*/lazy-pages.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return logs[0].read_text().splitlines()[-4:] if logs else []
 
 
 def move_round(server: Server, kid: str, ws: websocket.WebSocket, cell: str, reference: str) -> dict:

@@ -149,8 +149,6 @@ class Task:
     pagemap: Pagemap
     stop: threading.Event
     pages_fd: int = -1
-    copied: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def copy(self, dst: int, src: int, length: int) -> int:
         """Copy ``length`` bytes at ``src`` into the task at ``dst``; pages already there (a
@@ -172,8 +170,6 @@ class Task:
                 if err == errno.EAGAIN:
                     raise FillError(f"task {self.pid}: its memory layout changed while it was restored")
                 raise FillError(f"task {self.pid}: UFFDIO_COPY at {dst + done:#x} failed: {os.strerror(err)}")
-        with self.lock:
-            self.copied += length
         return length
 
     def serve_fault(self, addr: int, buffer: mmap.mmap, buffer_addr: int) -> None:
@@ -201,6 +197,9 @@ class Daemon:
         self.servers: list[threading.Thread] = []
         self.failure: BaseException | None = None
         self.stop = threading.Event()
+        self.wake, self._waker = os.pipe()  # readable once the fault servers are to stop
+        self.lock = threading.Lock()
+        self.read_s = self.copy_s = 0.0  # summed over the threads: where the copying time goes
 
     def receive(self, conn: socket.socket) -> None:
         """Take tasks from CRIU until it says the restore is finished."""
@@ -229,9 +228,10 @@ class Daemon:
         buffer_addr = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
         poller = select.poll()
         poller.register(task.uffd, select.POLLIN)
+        poller.register(self.wake, select.POLLIN)
         try:
             while not self.stop.is_set():
-                if not poller.poll(50):
+                if not [fd for fd, _ in poller.poll() if fd == task.uffd]:
                     continue
                 try:
                     msg = os.read(task.uffd, _UFFD_MSG_SIZE)
@@ -246,6 +246,7 @@ class Daemon:
             self.log(f"Error: {e}")
             self.failure = self.failure or e
             self.stop.set()
+            os.write(self._waker, b"x")
 
     def fill(self) -> int:
         """Every remaining page of every task, by all threads at once; the bytes copied."""
@@ -268,18 +269,25 @@ class Daemon:
             if not hasattr(local, "buffer"):
                 local.buffer = mmap.mmap(-1, CHUNK)
                 local.addr = ctypes.addressof(ctypes.c_char.from_buffer(local.buffer))
+            t0 = time.perf_counter()
             view = memoryview(local.buffer)[:n]
             got = os.preadv(task.pages_fd, [view], offset)
             view.release()
             if got != n:
                 raise FillError(f"task {task.pid}: the pages image ends early at {offset + got}")
-            return task.copy(dst, local.addr, n)
+            t1 = time.perf_counter()
+            task.copy(dst, local.addr, n)
+            with self.lock:
+                self.read_s += t1 - t0
+                self.copy_s += time.perf_counter() - t1
+            return n
 
         with ThreadPoolExecutor(self.threads) as pool:
             return sum(pool.map(one, work))
 
     def close(self) -> None:
         self.stop.set()
+        os.write(self._waker, b"x")
         for server in self.servers:
             server.join()
         for task in self.tasks:
@@ -301,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-D", dest="images", required=True)
     parser.add_argument("-W", dest="workdir", required=True)
     parser.add_argument("-o", dest="log")
-    parser.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1))
+    # 8 copied fastest on the H200 machine (16 cores): 1.7 GB in 0.16 s; 16 took 0.19 s, 1 0.82 s.
+    parser.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
     args = parser.parse_args(argv)
     os.chdir(args.workdir)  # the socket's name is relative, as CRIU's (a full path may be too long)
     log = Log(args.log)
@@ -322,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         copied = daemon.fill()
         if daemon.failure:
             raise daemon.failure
-        log(f"{copied} bytes copied in by {args.threads} threads in {time.monotonic() - t0:.3f} s")
+        log(f"{copied} bytes copied in by {args.threads} threads in {time.monotonic() - t0:.3f} s "
+            f"(reading {daemon.read_s:.3f} s, copying in {daemon.copy_s:.3f} s, summed over the threads)")
         daemon.close()
+        log("done")
         return 0
     except BaseException as e:  # noqa: BLE001 - any failure must end the tree: exit non-zero
         log(f"Error: {e}")
