@@ -142,6 +142,31 @@ def _vma_ends(pid: int) -> list[int]:
 
 # -- one restored task -----------------------------------------------------------------------
 
+#: What one thread does at a time: read ``length`` bytes of the task's pages image at ``offset``
+#: and copy ``pieces`` of them in, each (address, place in what was read, bytes). A span covers
+#: many small ranges (a GPU kernel's image has thousands): one read and no thread hand-over each.
+Span = tuple["Task", int, int, list[tuple[int, int, int]]]
+
+
+def _spans(task: Task, vma_ends: list[int]) -> list[Span]:
+    """The task's lazy ranges cut at its mappings' ends (one copy stays inside one mapping) and
+    gathered into spans of at most CHUNK bytes of the image (lazy ranges lie in it in address order)."""
+    spans: list[Span] = []
+    for start, size, offset in task.pagemap.ranges:
+        pos, end = start, start + size
+        while pos < end:
+            i = bisect.bisect_right(vma_ends, pos)
+            n = min(pos + CHUNK, end, vma_ends[i] if i < len(vma_ends) else end) - pos
+            at = offset + pos - start
+            if spans and at + n - spans[-1][1] <= CHUNK:
+                _, first, _, pieces = spans[-1]
+                pieces.append((pos, at - first, n))
+                spans[-1] = (task, first, at + n - first, pieces)
+            else:
+                spans.append((task, at, n, [(pos, 0, n)]))
+            pos += n
+    return spans
+
 @dataclass
 class Task:
     pid: int
@@ -250,40 +275,32 @@ class Daemon:
 
     def fill(self) -> int:
         """Every remaining page of every task, by all threads at once; the bytes copied."""
-        work = []
-        for task in self.tasks:
-            ends = _vma_ends(task.pid)
-            for start, size, offset in task.pagemap.ranges:
-                pos, end = start, start + size
-                while pos < end:
-                    i = bisect.bisect_right(ends, pos)
-                    n = min(pos + CHUNK, end, ends[i] if i < len(ends) else end) - pos
-                    work.append((task, pos, offset + pos - start, n))
-                    pos += n
+        spans = [span for task in self.tasks for span in _spans(task, _vma_ends(task.pid))]
         local = threading.local()
 
-        def one(item: tuple[Task, int, int, int]) -> int:
+        def one(span: Span) -> int:
             if self.stop.is_set():
                 raise FillError("stopped")
-            task, dst, offset, n = item
             if not hasattr(local, "buffer"):
                 local.buffer = mmap.mmap(-1, CHUNK)
                 local.addr = ctypes.addressof(ctypes.c_char.from_buffer(local.buffer))
+            task, offset, length, pieces = span
             t0 = time.perf_counter()
-            view = memoryview(local.buffer)[:n]
+            view = memoryview(local.buffer)[:length]
             got = os.preadv(task.pages_fd, [view], offset)
             view.release()
-            if got != n:
+            if got != length:
                 raise FillError(f"task {task.pid}: the pages image ends early at {offset + got}")
             t1 = time.perf_counter()
-            task.copy(dst, local.addr, n)
+            for dst, at, n in pieces:
+                task.copy(dst, local.addr + at, n)
             with self.lock:
                 self.read_s += t1 - t0
                 self.copy_s += time.perf_counter() - t1
-            return n
+            return sum(n for _, _, n in pieces)
 
         with ThreadPoolExecutor(self.threads) as pool:
-            return sum(pool.map(one, work))
+            return sum(pool.map(one, spans))
 
     def close(self) -> None:
         self.stop.set()
