@@ -16,11 +16,11 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture
-def jp_server_config(tmp_path):
+def jp_server_config(tmp_path, request):
     criu_or_skip()
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_gpucr": True}},
-        "GPUCR": {"store": str(tmp_path / "gpucr-store")},
+        "GPUCR": {"store": str(tmp_path / "gpucr-store"), **getattr(request, "param", {})},
     }
 
 
@@ -48,7 +48,10 @@ def kernel_pid(jp_serverapp, kernel_id):
 STATE_CODE = "x = 42\nimport numpy as np, os\na = np.arange(20_000_000, dtype=np.int64)\nprint(int(a.sum()))"
 
 
-async def test_suspend_then_websocket_restores_with_state(jp_fetch, jp_ws_fetch, jp_serverapp):
+# Lazy: the kernel runs while CRIU's daemon brings its memory in. Eager (every GPU kernel's way):
+# gpucr's page daemon copies it all in first, with many threads.
+@pytest.mark.parametrize("jp_server_config", [{}, {"lazy_restore": False}], ids=["lazy", "eager"], indirect=True)
+async def test_suspend_then_websocket_restores_with_state(jp_fetch, jp_ws_fetch, jp_serverapp, jp_server_config):
     session = await new_session(jp_fetch)
     kid = session["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
@@ -86,6 +89,7 @@ async def test_suspend_then_websocket_restores_with_state(jp_fetch, jp_ws_fetch,
     assert "busy" in statuses
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
     assert st["state"] == "running" and st["kernel_id"] == kid
+    assert ("page_fill" in st["timings"]) == (not jp_server_config["GPUCR"].get("lazy_restore", True)), st["timings"]
     assert kid in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
     ws.close()
 
