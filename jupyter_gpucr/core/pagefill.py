@@ -142,33 +142,10 @@ def _vma_ends(pid: int) -> list[int]:
 
 # -- one restored task -----------------------------------------------------------------------
 
-#: What one thread does at a time: read ``length`` bytes of the task's pages image at ``offset``
-#: and copy ``pieces`` of them in, each (address, place in what was read, bytes). A span covers
-#: many small ranges (a GPU kernel's image has thousands): one read and no thread hand-over each.
-Span = tuple["Task", int, int, list[tuple[int, int, int]]]
-
-
-def _spans(task: Task, vma_ends: list[int]) -> list[Span]:
-    """The task's lazy ranges cut at its mappings' ends (one copy stays inside one mapping) and
-    gathered into spans of at most CHUNK bytes of the image (lazy ranges lie in it in address order)."""
-    spans: list[Span] = []
-    for start, size, offset in task.pagemap.ranges:
-        pos, end = start, start + size
-        while pos < end:
-            i = bisect.bisect_right(vma_ends, pos)
-            n = min(pos + CHUNK, end, vma_ends[i] if i < len(vma_ends) else end) - pos
-            at = offset + pos - start
-            if spans and at + n - spans[-1][1] <= CHUNK:
-                _, first, _, pieces = spans[-1]
-                pieces.append((pos, at - first, n))
-                spans[-1] = (task, first, at + n - first, pieces)
-            else:
-                spans.append((task, at, n, [(pos, 0, n)]))
-            pos += n
-    return spans
-
 @dataclass
 class Task:
+    """A restored task: its userfaultfd (from CRIU) and where its lazy memory lies in the images."""
+
     pid: int
     uffd: int
     pagemap: Pagemap
@@ -211,11 +188,42 @@ class Task:
         if got != PAGE:
             raise FillError(f"task {self.pid}: the pages image ends early at {offset + page - start}")
         self.copy(page, buffer_addr, PAGE)
-        r = _Range(page, PAGE)
+        r = _Range(page, PAGE)  # the copy woke the faulting thread, unless the page was there already
         _libc.ioctl(self.uffd, _UFFDIO_WAKE, ctypes.byref(r))
 
 
+# -- the copy ---------------------------------------------------------------------------------
+
+#: What one thread does at a time: read ``length`` bytes of the task's pages image at ``offset``
+#: and copy ``pieces`` of them in, each (address, place in what was read, bytes). A span covers
+#: many small ranges (a GPU kernel's image has thousands): one read and no thread hand-over each.
+Span = tuple[Task, int, int, list[tuple[int, int, int]]]
+
+
+def _spans(task: Task, vma_ends: list[int]) -> list[Span]:
+    """The task's lazy ranges cut at its mappings' ends (one copy stays inside one mapping) and
+    gathered into spans of at most CHUNK bytes of the image (lazy ranges lie in it in address order)."""
+    spans: list[Span] = []
+    for start, size, offset in task.pagemap.ranges:
+        pos, end = start, start + size
+        while pos < end:
+            i = bisect.bisect_right(vma_ends, pos)
+            n = min(pos + CHUNK, end, vma_ends[i] if i < len(vma_ends) else end) - pos
+            at = offset + pos - start
+            if spans and at + n - spans[-1][1] <= CHUNK:
+                _, first, _, pieces = spans[-1]
+                pieces.append((pos, at - first, n))
+                spans[-1] = (task, first, at + n - first, pieces)
+            else:
+                spans.append((task, at, n, [(pos, 0, n)]))
+            pos += n
+    return spans
+
+
 class Daemon:
+    """Takes the restored tasks from CRIU, serves their faults until the restore is finished, then
+    copies their memory in (see the module's docstring)."""
+
     def __init__(self, images: str, threads: int, log: Log) -> None:
         self.images, self.threads, self.log = images, threads, log
         self.tasks: list[Task] = []
