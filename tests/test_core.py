@@ -303,6 +303,16 @@ def test_changed_and_deleted_open_files_are_named_with_what_to_do(criu_path, sto
     cr.remove("files", kill=True)
 
 
+def _same_and_counting(cr: Checkpointer, hello: dict, counts: Path) -> None:
+    """The restored agent holds the memory it started with, counts on without a gap, and the page
+    daemon left no socket behind."""
+    assert ask(hello["port"])["checksum"] == hello["checksum"]
+    time.sleep(0.3)
+    seen = read_counts(counts)
+    assert seen == list(range(1, len(seen) + 1)), "the counter file must continue without gaps or repeats"
+    assert not list(cr.store.checkpoints_root.glob("*/lazy-pages.socket")), "the daemon's socket is left behind"
+
+
 def test_lazily_restored_process_runs_at_once_and_can_be_checkpointed_again_right_away(criu_path, store_dir, tmp_path):
     """A restore hands the process back before its memory is: CRIU's lazy-pages daemon serves what
     it touches and copies the rest behind it. A checkpoint straight after must still hold all of
@@ -319,11 +329,7 @@ def test_lazily_restored_process_runs_at_once_and_can_be_checkpointed_again_righ
         assert json.loads((store_dir / "procs" / "lazy" / ".pages").read_text()) == {"pages": "in"}
         assert ckpt.size > 400 << 20
         cr.restore("lazy")
-        assert ask(hello["port"])["checksum"] == hello["checksum"]
-        time.sleep(0.3)
-        seen = read_counts(counts)
-        assert seen == list(range(1, len(seen) + 1)), "the counter file must continue without gaps or repeats"
-        assert not list(cr.store.checkpoints_root.glob("*/lazy-pages.socket")), "the daemon's socket is left behind"
+        _same_and_counting(cr, hello, counts)
     finally:
         cr.remove("lazy", kill=True)
 
@@ -347,13 +353,23 @@ def test_eager_restore_copies_the_memory_in_with_many_threads_before_the_process
         assert ask(hello["port"])["checksum"] == hello["checksum"]
         cr.checkpoint("filled")
         cr.restore("filled")
-        assert ask(hello["port"])["checksum"] == hello["checksum"]
-        time.sleep(0.3)
-        seen = read_counts(counts)
-        assert seen == list(range(1, len(seen) + 1)), "the counter file must continue without gaps or repeats"
-        assert not list(cr.store.checkpoints_root.glob("*/lazy-pages.socket")), "the daemon's socket is left behind"
+        _same_and_counting(cr, hello, counts)
     finally:
         cr.remove("filled", kill=True)
+
+
+def _gone_and_restorable(cr: Checkpointer, name: str, ckpt, hello: dict, monkeypatch) -> None:
+    """After a restore that lost its memory: nothing of the restored tree is left, the name is
+    recorded in its checkpoint, and (the fault undone) that checkpoint restores the same state."""
+    status_arg = f"--status={cr.store.proc_dir(name) / '.status'}"
+    deadline = time.monotonic() + 10
+    while [p for p in psutil.process_iter(["cmdline"]) if status_arg in (p.info["cmdline"] or [])]:
+        assert time.monotonic() < deadline, "the namespace of the restored process is still there"
+        time.sleep(0.05)
+    assert cr.status(name)["state"] == "checkpointed" and ckpt.path.is_dir()
+    monkeypatch.undo()
+    cr.restore(name)
+    assert ask(hello["port"])["checksum"] == hello["checksum"]
 
 
 @pytest.mark.parametrize(("when", "said"), [("task", "memory in stopped during the restore"), ("copying", "lost its memory")])
@@ -375,15 +391,7 @@ def test_failed_page_fill_fails_the_restore_and_keeps_the_checkpoint(criu_path, 
         with pytest.raises(EngineError) as err:
             cr.restore("unfilled")
         assert said in str(err.value) and ("checkpoint is intact" in str(err.value) or "checkpoint is kept" in str(err.value))
-        status_arg = f"--status={store_dir / 'procs' / 'unfilled' / '.status'}"
-        deadline = time.monotonic() + 10
-        while [p for p in psutil.process_iter(["cmdline"]) if status_arg in (p.info["cmdline"] or [])]:
-            assert time.monotonic() < deadline, "the namespace of the restored process is still there"
-            time.sleep(0.05)
-        assert cr.status("unfilled")["state"] == "checkpointed" and ckpt.path.is_dir()
-        monkeypatch.undo()
-        cr.restore("unfilled")
-        assert ask(hello["port"])["checksum"] == hello["checksum"]
+        _gone_and_restorable(cr, "unfilled", ckpt, hello, monkeypatch)
     finally:
         cr.remove("unfilled", kill=True)
 
@@ -406,14 +414,6 @@ def test_failed_lazy_pages_daemon_stops_the_process_and_keeps_its_checkpoint(cri
             cr.restore("lost")
             cr.await_pages("lost")
         assert "lost its memory" in str(err.value) and "checkpoint is intact" in str(err.value)
-        status_arg = f"--status={store_dir / 'procs' / 'lost' / '.status'}"
-        deadline = time.monotonic() + 10
-        while [p for p in psutil.process_iter(["cmdline"]) if status_arg in (p.info["cmdline"] or [])]:
-            assert time.monotonic() < deadline, "the namespace of the restored process is still there"
-            time.sleep(0.05)
-        assert cr.status("lost")["state"] == "checkpointed" and ckpt.path.is_dir()
-        monkeypatch.undo()
-        cr.restore("lost")
-        assert ask(hello["port"])["checksum"] == hello["checksum"]
+        _gone_and_restorable(cr, "lost", ckpt, hello, monkeypatch)
     finally:
         cr.remove("lost", kill=True)
