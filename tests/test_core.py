@@ -247,6 +247,7 @@ def test_doctor_reports_criu(criu_path, store_dir):
     checks = {c["name"]: c for c in rep["checks"]}
     assert checks["criu"]["ok"] and "CRIU 4." in checks["criu"]["detail"]
     assert checks["criu check"]["ok"]
+    assert checks["userfaultfd"]["ok"] == Checkpointer(store_dir).criu.lazy_pages_supported
     assert "nvidia driver" in checks
 
 
