@@ -304,6 +304,10 @@ def test_changed_and_deleted_open_files_are_named_with_what_to_do(criu_path, sto
     cr.remove("files", kill=True)
 
 
+def _umask(pid: int) -> str:
+    return next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Umask:"))
+
+
 def _same_and_counting(cr: Checkpointer, hello: dict, counts: Path) -> None:
     """The restored agent holds the memory it started with, counts on without a gap, and the page
     daemon left no socket behind."""
@@ -343,13 +347,18 @@ def test_eager_restore_copies_the_memory_in_with_many_threads_before_the_process
     if not cr.criu.lazy_pages_supported:
         pytest.skip("this kernel gives CRIU no userfaultfd")
     try:
+        umask = _umask(cr.status("filled")["pid"])
         first = cr.checkpoint("filled")
         running = cr.restore("filled")
+        assert _umask(running.pid) == umask, "the restored process must get its own umask back"
         assert json.loads((store_dir / "procs" / "filled" / ".pages").read_text()) == {"pages": "in"}
         assert "page_fill" in running.timings
         log = (first.path / "lazy-pages.log").read_text()
         copied = int(re.search(r"(\d+) bytes copied in by \d+ threads", log)[1])
         assert copied > 400 << 20, "the agent's memory did not come through the page daemon"
+        for p in [first.path, *first.path.rglob("*")]:  # the restore's logs beside the memory stay private
+            mode = stat.S_IMODE(p.stat().st_mode)
+            assert mode == (0o700 if p.is_dir() else 0o600), f"{p} has mode {oct(mode)}"
         assert psutil.Process(running.pid).status() != psutil.STATUS_STOPPED
         assert ask(hello["port"])["checksum"] == hello["checksum"]
         cr.checkpoint("filled")

@@ -228,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             return _reap_until_empty(main_pid)
         _write_status(args.status, {"ok": True, "ns_pid": main_pid})
         return _reap_until_empty(main_pid)
+    # What CRIU and the page daemon write beside the checkpoint (logs, stats) stays private; the
+    # restored tree gets its own umask back from the images.
+    os.umask(0o077)
     lazy = None
     if args.lazy_pages:
         socket = Path(args.lazy_socket)
