@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineError
 from jupyter_gpucr.core.locks import exclusive
+from jupyter_gpucr.core.procs import tree
 
 from .conftest import agent_command, ask, wait_for_line
 
@@ -100,9 +102,10 @@ def _occupy_pid(pid: int) -> subprocess.Popen:
     pytest.fail(f"could not occupy PID {pid}")
 
 
-def test_damaged_checkpoint_is_refused_and_kept(criu_path, store_dir, tmp_path):
+@pytest.mark.parametrize("restore_args", [[], ["--eager"]], ids=["lazy", "eager"])
+def test_damaged_checkpoint_is_refused_and_kept(criu_path, store_dir, tmp_path, restore_args):
     _hello, counts = start_agent(store_dir, "damaged", tmp_path, mb=20)
-    cr = Checkpointer(store_dir)
+    cr = Checkpointer(store_dir, lazy_restore=not restore_args)
     ckpt = cr.checkpoint("damaged")
     pages = max(ckpt.images.glob("pages-*.img"), key=lambda p: p.stat().st_size)
     with open(pages, "r+b") as f:
@@ -110,7 +113,7 @@ def test_damaged_checkpoint_is_refused_and_kept(criu_path, store_dir, tmp_path):
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))
-    res = gpucr(store_dir, "restore", "damaged", check=False)
+    res = gpucr(store_dir, "restore", "damaged", *restore_args, check=False)
     assert res.returncode == 1
     assert "is damaged" in res.stderr and "checksum mismatch" in res.stderr and "kept" in res.stderr
     assert ckpt.path.is_dir() and pages.exists()
@@ -366,6 +369,57 @@ def test_eager_restore_copies_the_memory_in_with_many_threads_before_the_process
         _same_and_counting(cr, hello, counts)
     finally:
         cr.remove("filled", kill=True)
+
+
+TREE_SCRIPT = """
+import hashlib, os, signal, sys, time
+out = sys.argv[1]
+a = bytearray(os.urandom(64 << 20))
+if os.fork() == 0:
+    a[: 32 << 20] = os.urandom(32 << 20)  # half of the inherited memory copied on write, half still shared
+    b = bytearray(os.urandom(32 << 20))
+    name, data = "child", lambda: a + b
+else:
+    name, data = "parent", lambda: a
+def report(*_):
+    with open(os.path.join(out, f"{name}.{os.getpid()}.sum"), "a") as f:
+        f.write(hashlib.sha256(data()).hexdigest() + "\\n")
+signal.signal(signal.SIGUSR1, report)
+report()
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_eager_restore_fills_every_process_of_a_tree(criu_path, store_dir, tmp_path):
+    """A parent and its child, sharing part of their memory copy-on-write: the page daemon gets a
+    userfaultfd per process and fills each one from its own pages."""
+    cr = Checkpointer(store_dir, lazy_restore=False)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd")
+    sums = tmp_path / "sums"
+    sums.mkdir()
+    cr.run("tree", [sys.executable, "-c", TREE_SCRIPT, str(sums)])
+    try:
+        deadline = time.monotonic() + 30
+        while [len(p.read_text().split()) for p in sums.glob("*.sum")] != [1, 1]:
+            assert time.monotonic() < deadline, "the tree did not start"
+            time.sleep(0.05)
+        before = {p.name.split(".")[0]: p.read_text().split()[0] for p in sums.glob("*.sum")}
+        ckpt = cr.checkpoint("tree")
+        running = cr.restore("tree")
+        log = (ckpt.path / "lazy-pages.log").read_text()
+        assert len(re.findall(r"^\(.*\) task \d+:", log, re.M)) == 2, log
+        for p in tree(running.pid):
+            os.kill(p, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not all(len(p.read_text().split()) == 2 for p in sums.glob("*.sum")):
+            assert time.monotonic() < deadline, "the restored processes did not answer"
+            time.sleep(0.05)
+        after = {p.name.split(".")[0]: p.read_text().split()[1] for p in sums.glob("*.sum")}
+        assert after == before
+    finally:
+        cr.remove("tree", kill=True)
 
 
 def _gone_and_restorable(cr: Checkpointer, name: str, ckpt, hello: dict, monkeypatch) -> None:
