@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from jupyter_gpucr import Checkpointer
+from jupyter_gpucr.core.criu import dump_id, network_lock_tables
 from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineError
 from jupyter_gpucr.core.locks import exclusive
 from jupyter_gpucr.core.procs import tree
@@ -434,6 +435,35 @@ def _gone_and_restorable(cr: Checkpointer, name: str, ckpt, hello: dict, monkeyp
     monkeypatch.undo()
     cr.restore(name)
     assert ask(hello["port"])["checksum"] == hello["checksum"]
+
+
+def test_old_network_locks_are_released_at_the_next_checkpoint(criu_path, store_dir, tmp_path):
+    """Each dump that stops its process leaves CRIU's network lock (an nftables table) until the
+    restore, and a host has room for 1024: the locks of checkpoints older than the hold are released
+    by the next checkpoint, and those checkpoints still restore."""
+    old_hello, _ = start_agent(store_dir, "old", tmp_path, mb=10)
+    new_hello, _ = start_agent(store_dir, "new", tmp_path, mb=10)
+    cr = Checkpointer(store_dir, network_lock_hold=1.0)
+    try:
+        old = cr.checkpoint("old")
+        if not _lock_of(old):
+            pytest.skip("CRIU took no network lock here (no nftables)")
+        time.sleep(1.2)
+        new = cr.checkpoint("new")
+        assert not _lock_of(old), "the old checkpoint's lock was kept"
+        assert _lock_of(new), "the new checkpoint's lock was released before its hold"
+        for name, hello in (("old", old_hello), ("new", new_hello)):
+            cr.restore(name)
+            assert ask(hello["port"])["checksum"] == hello["checksum"]
+        assert not _lock_of(new), "the restore releases the lock"
+    finally:
+        cr.remove("old", kill=True)
+        cr.remove("new", kill=True)
+
+
+def _lock_of(ckpt) -> bool:
+    did = dump_id(ckpt.images)
+    return any(did.startswith(t.removeprefix("CRIU-")) for t in network_lock_tables())
 
 
 @pytest.mark.parametrize(("when", "said"), [("task", "memory in stopped during the restore"), ("copying", "lost its memory")])

@@ -28,7 +28,7 @@ import psutil
 from .._version import __version__
 from . import cuda, gpus, hugepages
 from .checksums import DigestWhileWriting, digest_tree
-from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, explain_log
+from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, explain_log
 from .errors import (
     BusyError,
     CheckpointDamagedError,
@@ -56,6 +56,10 @@ RECOVER_WAIT = 600.0
 # How long a checkpoint waits for the memory of a lazy restore of the same process to be all in.
 PAGES_WAIT = 300.0
 PAGES = ".pages"  # in the process's folder: how far the holder's lazy-pages daemon is
+# How long a suspended process keeps CRIU's network lock: its TCP peers' packets are dropped, not
+# answered with a reset, so a peer retransmits until the restore. Linux gives up retransmitting
+# after about 15 min (tcp_retries2), and a host holds at most 1024 locks (criu.NETWORK_LOCKS_MAX).
+NETWORK_LOCK_HOLD = 900.0
 
 
 def _no_progress(phase: str, done: int, total: int) -> None:
@@ -103,6 +107,7 @@ class Checkpointer:
         check_space: bool = True,
         verify: bool = True,
         lazy_restore: bool = True,
+        network_lock_hold: float | None = NETWORK_LOCK_HOLD,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self.criu_path = criu_path
@@ -112,6 +117,7 @@ class Checkpointer:
         self.check_space = check_space
         self.verify = verify
         self.lazy_restore = lazy_restore
+        self.network_lock_hold = network_lock_hold
         self._criu: Criu | None = None
 
     @property
@@ -201,6 +207,7 @@ class Checkpointer:
             if lost is not None:
                 self._recover_locked(name)
                 raise lost
+            self.release_network_locks()  # each dump adds one; the host has room for 1024
             return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
                                            before_dump, list(also_durable))
 
@@ -426,6 +433,15 @@ class Checkpointer:
             hugepages.start(tree(started.pid), after=lambda: self._wait_for_pages(name) is None)
         progress("done", ckpt.size, ckpt.size)
         return Running(name, started.pid, started.ns_pid, started, rec, timings)
+
+    def release_network_locks(self) -> list[str]:
+        """Release the network locks of this store's checkpoints older than ``network_lock_hold``
+        (their TCP peers have given up retransmitting by then); the names of the tables deleted.
+        A dump that stopped its process leaves its lock until the restore (``criu.drop_network_locks``)."""
+        if self.network_lock_hold is None:
+            return []
+        old = time.time() - self.network_lock_hold
+        return drop_network_locks([c.images for c in self.store.list_checkpoints() if c.created < old])
 
     def check_compatible(self, ckpt: Checkpoint) -> None:
         """Refuse checkpoints this machine cannot restore, before touching anything."""

@@ -376,19 +376,27 @@ def _locks_exhausted(failure: CriuFailure) -> CriuFailure:
 def drop_network_lock(images: Path) -> str | None:
     """Delete the network-lock table of the dump in ``images`` if it is still there; return its name.
 
-    Only for a dump that will never be restored, or whose process already runs again: the
-    table blocks that process's TCP connections. CRIU cuts the table name short, so it is
-    matched as a prefix of the dump id.
+    For a dump that will never be restored, or whose process already runs again: the table blocks
+    that process's TCP connections; or for one suspended long enough (``drop_network_locks``).
     """
-    did = dump_id(images)
-    if not did:
-        return None
+    dropped = drop_network_locks([images])
+    return dropped[0] if dropped else None
+
+
+def drop_network_locks(image_dirs: list[Path]) -> list[str]:
+    """Delete the network-lock tables of the dumps in ``image_dirs`` that are still there (the
+    host's tables are listed once); return their names. A restore without its table works: CRIU
+    only logs that the table it would delete is missing. CRIU cuts the table name short, so it is
+    matched as a prefix of the dump id."""
+    dropped: list[str] = []
     try:
-        for table in network_lock_tables():
+        tables = network_lock_tables()
+        ids = [did for did in map(dump_id, image_dirs) if did] if tables else []
+        for table in tables:
             suffix = table.removeprefix("CRIU-")
-            if len(suffix) >= 8 and did.startswith(suffix):
+            if len(suffix) >= 8 and any(did.startswith(suffix) for did in ids):
                 _delete_table(table)
-                return table
+                dropped.append(table)
     except OSError:  # no nftables in this kernel, or no CAP_NET_ADMIN: CRIU could not have locked either
-        return None
-    return None
+        return dropped
+    return dropped

@@ -37,4 +37,5 @@ def build_checkpointer(config: GPUCR, backend: Backend, store: Store, max_bytes:
     if backend.kind == "daemon":
         return DaemonCheckpointer(store, config.daemon_socket, keep_last=config.keep_last, max_bytes=max_bytes)
     return Checkpointer(store, criu_path=config.criu_path or None, keep_last=config.keep_last, max_bytes=max_bytes,
-                        lock_timeout_ms=config.lock_timeout_ms, lazy_restore=config.lazy_restore)
+                        lock_timeout_ms=config.lock_timeout_ms, lazy_restore=config.lazy_restore,
+                        network_lock_hold=config.network_lock_hold)

@@ -6,6 +6,7 @@ import os
 from traitlets import Bool, Enum, Float, Integer, List, Unicode, default
 from traitlets.config import Configurable
 
+from ..core.checkpointer import NETWORK_LOCK_HOLD
 from ..daemon.protocol import DEFAULT_SOCKET
 
 
@@ -109,6 +110,13 @@ class GPUCR(Configurable):
         "restores are eager). The next suspend waits until all of it is back. Should the daemon fail, the kernel is "
         "stopped (never run on with memory missing) and shown suspended in its intact checkpoint. GPU kernels are "
         "always restored eagerly (the CUDA driver's restore through page faults is 40x slower).",
+    )
+    network_lock_hold = Float(
+        NETWORK_LOCK_HOLD, config=True,
+        help="Seconds a suspended kernel keeps CRIU's network lock (an nftables table that drops its TCP peers' "
+        "packets instead of answering them with a reset, so a peer retransmits until the restore). Linux allows "
+        "1024 such tables per host; the locks of checkpoints older than this are released at the next suspend. "
+        "The default is about when Linux stops retransmitting (tcp_retries2).",
     )
     prefetch_on_open = Bool(
         True, config=True,
