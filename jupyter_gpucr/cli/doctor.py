@@ -92,8 +92,9 @@ def run_checks(store: Store | None = None, criu_path: str | None = None, daemon_
     held = network_locks_held()
     if held is not None:
         room = held < NETWORK_LOCKS_MAX * 0.9
-        checks.append(Check("network locks", room, f"{held} of {NETWORK_LOCKS_MAX} held (one per suspended process)",
-                            "" if room else "Restore or delete old checkpoints: each releases its lock.", required=False))
+        checks.append(Check("network locks", room, f"{held} of {NETWORK_LOCKS_MAX} held (one per recent suspension)",
+                            "" if room else "Restore or delete old checkpoints: each releases its lock; a suspend "
+                            "releases those of its store older than the hold (c.GPUCR.network_lock_hold).", required=False))
     return checks
 
 

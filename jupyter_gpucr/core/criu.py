@@ -368,9 +368,10 @@ def _locks_exhausted(failure: CriuFailure) -> CriuFailure:
     held = network_locks_held() if "Locking network failed" in failure.raw else None
     if held is None or held < NETWORK_LOCKS_MAX - 8:
         return failure
-    return CriuFailure(f"the host holds {held} CRIU network locks, one per suspended process, and Linux allows "
+    return CriuFailure(f"the host holds {held} CRIU network locks, one per recent suspension, and Linux allows "
                        f"{NETWORK_LOCKS_MAX}", "Restore or delete old checkpoints: each restore or deletion "
-                       "releases its lock ('gpucr doctor' counts them).", failure.raw)
+                       "releases its lock, as suspends do for their store's checkpoints older than "
+                       "c.GPUCR.network_lock_hold ('gpucr doctor' counts them).", failure.raw)
 
 
 def drop_network_lock(images: Path) -> str | None:
