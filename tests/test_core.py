@@ -89,7 +89,12 @@ def test_restore_while_original_pid_is_taken(criu_path, store_dir, tmp_path):
 
 
 def _occupy_pid(pid: int) -> subprocess.Popen:
-    """Start a process with exactly ``pid`` (ns_last_pid) unless some zombie already holds it."""
+    """Start a process with exactly ``pid`` (ns_last_pid) unless some zombie already holds it. The
+    dumped process's own zombie is usually reaped within milliseconds (CI dry run: it vanished
+    between a check and the assertion after it): wait for that first."""
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     if psutil.pid_exists(pid):
         return subprocess.Popen(["sleep", "60"])
     for _ in range(50):
