@@ -99,6 +99,10 @@ class Pagemap:
     pages: str
     ranges: list[tuple[int, int, int]] = field(default_factory=list)
 
+    @property
+    def lazy_bytes(self) -> int:
+        return sum(size for _, size, _ in self.ranges)
+
     def find(self, addr: int) -> tuple[int, int, int] | None:
         i = bisect.bisect_right(self.ranges, (addr, 1 << 64)) - 1
         if i >= 0 and self.ranges[i][0] <= addr < self.ranges[i][0] + self.ranges[i][1]:
@@ -152,9 +156,9 @@ class Task:
     stop: threading.Event
     pages_fd: int = -1
 
-    def copy(self, dst: int, src: int, length: int) -> int:
+    def copy(self, dst: int, src: int, length: int) -> None:
         """Copy ``length`` bytes at ``src`` into the task at ``dst``; pages already there (a
-        fault got them first) are skipped. Returns the bytes copied."""
+        fault got them first) are skipped."""
         done = 0
         while done < length:
             c = _Copy(dst + done, src + done, length - done, 0, 0)
@@ -166,13 +170,10 @@ class Task:
                 done += c.copy
             elif err == errno.EEXIST or c.copy == -errno.EEXIST:
                 done += PAGE
-            elif err == errno.EAGAIN and not self.stop.is_set():
-                continue
-            else:
-                if err == errno.EAGAIN:
-                    raise FillError(f"task {self.pid}: its memory layout changed while it was restored")
+            elif err != errno.EAGAIN:
                 raise FillError(f"task {self.pid}: UFFDIO_COPY at {dst + done:#x} failed: {os.strerror(err)}")
-        return length
+            elif self.stop.is_set():  # the event that made the copy retry was not a page fault
+                raise FillError(f"task {self.pid}: its memory layout changed while it was restored")
 
     def serve_fault(self, addr: int, buffer: mmap.mmap, buffer_addr: int) -> None:
         """A page the restore itself touched, before the bulk copy."""
@@ -254,7 +255,7 @@ class Daemon:
             server = threading.Thread(target=self._faults, args=(task,), daemon=True)
             server.start()
             self.servers.append(server)
-            self.log(f"task {word}: {sum(r[1] for r in task.pagemap.ranges)} bytes in {len(task.pagemap.ranges)} ranges")
+            self.log(f"task {word}: {task.pagemap.lazy_bytes} bytes in {len(task.pagemap.ranges)} ranges")
 
     def _faults(self, task: Task) -> None:
         buffer = mmap.mmap(-1, PAGE)
@@ -287,8 +288,8 @@ class Daemon:
         local = threading.local()
 
         def one(span: Span) -> int:
-            if self.stop.is_set():
-                raise FillError("stopped")
+            if self.stop.is_set():  # a fault server failed: that is the error to report
+                raise self.failure or FillError("stopped")
             if not hasattr(local, "buffer"):
                 local.buffer = mmap.mmap(-1, CHUNK)
                 local.addr = ctypes.addressof(ctypes.c_char.from_buffer(local.buffer))
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         conn, _ = listener.accept()
         daemon.receive(conn)
         t0 = time.monotonic()
-        log(f"restore finished; copying {sum(r[1] for t in daemon.tasks for r in t.pagemap.ranges)} bytes in")
+        log(f"restore finished; copying {sum(t.pagemap.lazy_bytes for t in daemon.tasks)} bytes in")
         copied = daemon.fill()
         if daemon.failure:
             raise daemon.failure
