@@ -1,6 +1,7 @@
-"""A resume from a cold disk reads the kernel's offloaded tensors ahead, in parallel, while CRIU
-restores the process: the files end up in the page cache (checked with mincore after evicting
-them), a stop ends the reading early, and a store in memory is recognised (nothing to read ahead)."""
+"""A resume from a cold disk reads the kernel's offloaded tensors ahead, in parallel, once the
+process's own image is read: the files end up in the page cache (checked with mincore after
+evicting them), nothing is read before the start, a stop ends the reading early, and a store in
+memory is recognised (nothing to read ahead)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ from jupyter_gpucr.core import pagecache
 from .pagecache import evict, resident_fraction
 
 
-def test_read_ahead_fills_the_page_cache(tmp_path):
+def _evicted_tensors(tmp_path: Path) -> tuple[Path, list[Path]]:
     if pagecache.in_memory(tmp_path):
         pytest.skip("the temporary folder is in memory: nothing to evict")
     folder = tmp_path / "gpu-tensors"
@@ -27,8 +28,34 @@ def test_read_ahead_fills_the_page_cache(tmp_path):
             os.fsync(fh.fileno())
     evict(files)
     assert resident_fraction(files) == 0.0
+    return folder, files
+
+
+def test_read_ahead_fills_the_page_cache(tmp_path):
+    folder, files = _evicted_tensors(tmp_path)
     assert pagecache.read_ahead([folder], threading.Event()) == 32 << 20
     assert resident_fraction(files) == 1.0
+
+
+def test_read_ahead_waits_for_the_process_image_to_be_read(tmp_path):
+    folder, files = _evicted_tensors(tmp_path)
+    start, stop, result = threading.Event(), threading.Event(), []
+    reader = threading.Thread(target=lambda: result.append(pagecache.read_ahead([folder], stop, start=start)))
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive() and resident_fraction(files) == 0.0  # the image comes first
+    start.set()
+    reader.join(30)
+    assert result == [32 << 20] and resident_fraction(files) == 1.0
+
+
+def test_a_restore_that_fails_before_its_images_are_read_reads_no_tensors(tmp_path):
+    folder, files = _evicted_tensors(tmp_path)
+    start, stop = threading.Event(), threading.Event()
+    stop.set()  # what the server does when the restore failed: stop, then start
+    start.set()
+    assert pagecache.read_ahead([folder], stop, start=start) == 0
+    assert resident_fraction(files) == 0.0
 
 
 def test_a_stopped_read_ahead_reads_nothing_more(tmp_path):

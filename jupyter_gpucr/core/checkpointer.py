@@ -375,16 +375,16 @@ class Checkpointer:
             if psutil.virtual_memory().available < need:
                 raise PreconditionError(f"Not enough host memory to stage {need >> 20} MiB of GPU memory.",
                                         "Free host memory and try again. The checkpoint is kept.")
-        verifying = None
         if self.verify:
             progress("verifying", 0, ckpt.size)
             ckpt.verify("images", contents=False)  # a missing or cut-short file is refused before anything starts
-            verifying = _in_background(ckpt.verify, "images")  # the contents are hashed while CRIU reads them
-        timings = {"checks": time.perf_counter() - t0}
-        progress("restoring", 0, ckpt.size)
-        # What recovery needs if this process dies before the restored one is recorded as running.
+        # What recovery needs if this process dies before the restored one is recorded as running;
+        # written (and fsynced) before the images are read, which would make it wait behind them.
         self.store.write_proc(name, {**rec, "restoring": {"checkpoint": ckpt.id, "ns_pid": ckpt.manifest.get("ns_pid"),
                                                           "gpu_map": gpu_map, "since": time.time(), "by": os.getpid()}})
+        verifying = _in_background(ckpt.verify, "images") if self.verify else None  # hashed while CRIU reads them
+        timings = {"checks": time.perf_counter() - t0}
+        progress("restoring", 0, ckpt.size)
         # How the memory comes back. A process without GPU state runs at once, CRIU's lazy-pages
         # daemon streaming its memory in behind (``lazy_restore``). A GPU process gets all of it
         # before it runs (the CUDA driver's restore faulting it in page by page through that daemon

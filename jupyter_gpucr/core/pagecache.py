@@ -3,8 +3,9 @@
 Opening a notebook whose kernel is on disk says the user is about to come back. Reading the image
 then (in the background, at idle I/O priority) turns the restore that follows into a read from
 memory, which on a cold disk is most of a restore. A restore that starts on a cold disk reads the
-kernel's offloaded tensors ahead the same way, with several readers at normal priority, while the
-checksums, CRIU and the driver do their part. Nothing is kept in this process: the pages belong to
+kernel's offloaded tensors ahead the same way, with several readers at normal priority, once the
+process's own image is read (CRIU, the page daemon and the checksums need that first; the tensors
+only when the driver has restored), while the driver and the refill do their part. Nothing is kept in this process: the pages belong to
 the kernel's page cache, which drops them again under memory pressure.
 """
 from __future__ import annotations
@@ -34,9 +35,15 @@ def prefetch(paths: Iterable[Path]) -> int:
         thread.ionice(before.ioclass, before.value if before.ioclass not in (0, psutil.IOPRIO_CLASS_IDLE) else None)
 
 
-def read_ahead(paths: Iterable[Path], stop: threading.Event, threads: int = 8) -> int:
+def read_ahead(paths: Iterable[Path], stop: threading.Event, threads: int = 8,
+               start: threading.Event | None = None) -> int:
     """Read every file under ``paths`` into the page cache with ``threads`` readers (a disk gives
-    its whole bandwidth only to several), until done or ``stop`` is set; returns the bytes read."""
+    its whole bandwidth only to several), once ``start`` is set, until done or ``stop`` is set;
+    returns the bytes read."""
+    if start is not None:
+        start.wait()
+    if stop.is_set():
+        return 0
     files = _files(paths)
     with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
         return sum(pool.map(lambda file: _read(file, bytearray(CHUNK), stop), files))

@@ -119,15 +119,26 @@ class CriuEngine(SuspendEngine):
         tensors = self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR
         offloaded = tensors.exists()
         stop = threading.Event()
-        ahead = (asyncio.ensure_future(asyncio.to_thread(pagecache.read_ahead, [tensors], stop))
+        # From a cold disk the process's own image is read first: CRIU, the page daemon and the
+        # checksums wait for it, the tensors are needed only once the driver has restored (W2 on
+        # the H200: reading both at once slowed CRIU's restore from 0.3 s to 2.6-3.9 s).
+        images_read = threading.Event()
+        ahead = (asyncio.ensure_future(asyncio.to_thread(pagecache.read_ahead, [tensors], stop, start=images_read))
                  if offloaded and not pagecache.in_memory(tensors) else None)
+
+        def restoring(phase: str, done: int, total: int) -> None:
+            if phase == "gpu-restore":  # the memory is back and its checksums matched
+                images_read.set()
+            progress(phase, done, total)
+
         try:
-            running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, progress, False)
+            running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, restoring, False)
             km.provisioner.adopt(running.started)
             if offloaded:  # a GPU kernel: restored eagerly, its memory is all there
                 await self._refill(kernel_id, km, running.timings, progress)
         finally:
             stop.set()  # restored and refilled, or failed: nothing more is worth reading
+            images_read.set()
             if ahead is not None:
                 await ahead
         return Resumed(running.timings)
