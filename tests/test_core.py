@@ -350,7 +350,8 @@ def test_lazily_restored_process_runs_at_once_and_can_be_checkpointed_again_righ
 
 def test_eager_restore_copies_the_memory_in_with_many_threads_before_the_process_runs(criu_path, store_dir, tmp_path):
     """An eager restore (every GPU process's) hands the process back with all its memory in place:
-    gpucr's page daemon copies it in while CRIU leaves the tree stopped, and the tree runs after."""
+    gpucr's page daemon copies it in while CRIU leaves the tree stopped, and the tree runs after.
+    Its progress says when the whole image has been read (the server then reads the tensors)."""
     hello, counts = start_agent(store_dir, "filled", tmp_path, mb=400)
     cr = Checkpointer(store_dir, lazy_restore=False)
     if not cr.criu.lazy_pages_supported:
@@ -358,7 +359,10 @@ def test_eager_restore_copies_the_memory_in_with_many_threads_before_the_process
     try:
         umask = _umask(cr.status("filled")["pid"])
         first = cr.checkpoint("filled")
-        running = cr.restore("filled")
+        said: list[tuple[str, int, int]] = []
+        running = cr.restore("filled", progress=lambda *step: said.append(step))
+        size = first.size
+        assert said == [("verifying", 0, size), ("restoring", 0, size), ("restoring", size, size), ("done", size, size)]
         assert _umask(running.pid) == umask, "the restored process must get its own umask back"
         assert json.loads((store_dir / "procs" / "filled" / ".pages").read_text()) == {"pages": "in"}
         assert "page_fill" in running.timings

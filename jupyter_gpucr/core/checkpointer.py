@@ -382,9 +382,9 @@ class Checkpointer:
         # written (and fsynced) before the images are read, which would make it wait behind them.
         self.store.write_proc(name, {**rec, "restoring": {"checkpoint": ckpt.id, "ns_pid": ckpt.manifest.get("ns_pid"),
                                                           "gpu_map": gpu_map, "since": time.time(), "by": os.getpid()}})
-        verifying = _in_background(ckpt.verify, "images") if self.verify else None  # hashed while CRIU reads them
-        timings = {"checks": time.perf_counter() - t0}
         progress("restoring", 0, ckpt.size)
+        verifying = _in_background(_verify_images, ckpt, progress) if self.verify else None  # while CRIU reads them
+        timings = {"checks": time.perf_counter() - t0}
         # How the memory comes back. A process without GPU state runs at once, CRIU's lazy-pages
         # daemon streaming its memory in behind (``lazy_restore``). A GPU process gets all of it
         # before it runs (the CUDA driver's restore faulting it in page by page through that daemon
@@ -820,6 +820,13 @@ def _stop_for_good(pid: int) -> None:
         except ProcessLookupError:
             continue
     wait_gone(pid, 10)
+
+
+def _verify_images(ckpt: Checkpoint, progress: Progress) -> None:
+    """Hash the images against the manifest; once they match, the whole image has been read (what
+    else the restore reads, from a cold disk, can start: see ``CriuEngine.resume``)."""
+    ckpt.verify("images")
+    progress("restoring", ckpt.size, ckpt.size)
 
 
 def _in_background(fn: Callable[..., None], *args: Any) -> Future[None]:

@@ -127,7 +127,7 @@ class CriuEngine(SuspendEngine):
                  if offloaded and not pagecache.in_memory(tensors) else None)
 
         def restoring(phase: str, done: int, total: int) -> None:
-            if phase == "gpu-restore":  # the memory is back and its checksums matched
+            if phase == "gpu-restore" or (phase == "restoring" and 0 < total <= done):  # the image is read
                 images_read.set()
             progress(phase, done, total)
 
