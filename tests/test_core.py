@@ -520,3 +520,84 @@ def test_failed_lazy_pages_daemon_stops_the_process_and_keeps_its_checkpoint(cri
         _gone_and_restorable(cr, "lost", ckpt, hello, monkeypatch)
     finally:
         cr.remove("lost", kill=True)
+
+
+GIVE_UP_SCRIPT = """
+import hashlib, json, mmap, os, sys, time
+mode = sys.argv[1]
+keep, drop, gone = (mmap.mmap(-1, n << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for n in (256, 64, 64))
+for m in (keep, drop, gone):
+    for i in range(0, len(m), 16 << 20):
+        m[i:i + (16 << 20)] = os.urandom(16 << 20)
+print(json.dumps({"digest": hashlib.sha256(keep).hexdigest()}), flush=True)
+last = time.time()
+while True:  # back from a restore (the clock jumped): give memory up at once, while it is filled
+    time.sleep(0.002)
+    if time.time() - last > 0.5:
+        if mode == "fork" and os.fork() == 0:
+            os._exit(0)
+        drop.madvise(mmap.MADV_DONTNEED)
+        gone.close()
+        print(json.dumps({"digest": hashlib.sha256(keep).hexdigest(), "dropped": bytes(drop) == bytes(len(drop))}), flush=True)
+    last = time.time()
+"""
+
+
+def _restored_lines(cr: Checkpointer, name: str, count: int) -> list[dict]:
+    log = cr.store.proc_dir(name) / "stdout.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+        if len(lines) >= count:
+            return lines
+        time.sleep(0.05)
+    raise AssertionError(f"{name} printed {log.read_text()!r}")
+
+
+def test_a_process_that_runs_while_its_memory_is_filled_keeps_it_and_what_it_gives_up_stays_given_up(
+        criu_path, store_dir, monkeypatch):
+    """A GPU process runs while the page daemon copies its memory in (the driver restores it):
+    pages it touches come in a span at a time, memory it unmaps or drops (MADV_DONTNEED) is
+    crossed off and never gets the image's old bytes. Here a CPU process does that at once."""
+    cr = Checkpointer(store_dir, lazy_restore=False)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd")
+    monkeypatch.setattr(Checkpointer, "_runs_while_filled", staticmethod(lambda used: True))  # no GPU here
+    cr.run("busy", [sys.executable, "-c", GIVE_UP_SCRIPT, "give-up"])
+    try:
+        hello = _restored_lines(cr, "busy", 1)[0]
+        ckpt = cr.checkpoint("busy")
+        time.sleep(1)
+        running = cr.restore("busy")
+        assert "page_fill_behind" in running.timings
+        after = _restored_lines(cr, "busy", 2)[1]
+        assert after == {"digest": hello["digest"], "dropped": True}
+        log = (ckpt.path / "lazy-pages.log").read_text()
+        given_up = int(re.search(r"(\d+) ranges given up", log)[1])
+        assert given_up >= 2, f"the process gave nothing up while it was filled:\n{log}"
+    finally:
+        cr.remove("busy", kill=True)
+
+
+def test_a_process_that_forks_while_its_memory_is_filled_is_restored_again_stopped_until_filled(
+        criu_path, store_dir, monkeypatch):
+    """A fork while the memory is filled would need the child's memory filled too, which the page
+    daemon does not follow: it fails that attempt (the tree is killed), and the restore is done
+    again with the tree stopped until its memory is in; the process then forks as it likes."""
+    cr = Checkpointer(store_dir, lazy_restore=False)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd")
+    monkeypatch.setattr(Checkpointer, "_runs_while_filled", staticmethod(lambda used: True))  # no GPU here
+    cr.run("forks", [sys.executable, "-c", GIVE_UP_SCRIPT, "fork"])
+    try:
+        hello = _restored_lines(cr, "forks", 1)[0]
+        ckpt = cr.checkpoint("forks")
+        time.sleep(1)
+        running = cr.restore("forks")
+        log = (ckpt.path / "lazy-pages.log").read_text()
+        assert "a fork or mremap" in log and log.count("restore finished") == 2, log
+        assert running.timings["first_attempt"] > 0 and "page_fill" in running.timings
+        assert _restored_lines(cr, "forks", 2)[1] == {"digest": hello["digest"], "dropped": True}
+        assert cr.status("forks")["state"] == "running"
+    finally:
+        cr.remove("forks", kill=True)

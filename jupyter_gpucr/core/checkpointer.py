@@ -28,7 +28,7 @@ import psutil
 from .._version import __version__
 from . import cuda, gpus, hugepages
 from .checksums import DigestWhileWriting, digest_tree
-from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, explain_log
+from .criu import LAZY_LOG, LAZY_SOCKET, PAGEFILL_LAYOUT_CHANGED, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, explain_log
 from .errors import (
     BusyError,
     CheckpointDamagedError,
@@ -361,10 +361,16 @@ class Checkpointer:
             ckpt = self.store.get(checkpoint_id) if checkpoint_id else self.store.latest(name)
             if ckpt is None:
                 raise StateError(f"{name!r} has no checkpoint.", f"Create one with 'gpucr checkpoint {name}'.")
-            return self._restore_locked(name, rec, ckpt, gpu, progress, detach)
+            t0 = time.perf_counter()
+            try:
+                return self._restore_locked(name, rec, ckpt, gpu, progress, detach)
+            except _ChangedWhileFilled:  # it forked or moved memory while it ran and was filled
+                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, run_while_filled=False)
+                running.timings["first_attempt"] = time.perf_counter() - t0 - running.timings["total"]
+                return running
 
     def _restore_locked(self, name: str, rec: dict[str, Any], ckpt: Checkpoint, gpu: str | int | None,
-                        progress: Progress, detach: bool) -> Running:
+                        progress: Progress, detach: bool, run_while_filled: bool = True) -> Running:
         t0 = time.perf_counter()
         self.check_compatible(ckpt)
         gpu_info = ckpt.manifest.get("gpu", {})
@@ -386,14 +392,18 @@ class Checkpointer:
         verifying = _in_background(_verify_images, ckpt, progress) if self.verify else None  # while CRIU reads them
         timings = {"checks": time.perf_counter() - t0}
         # How the memory comes back. A process without GPU state runs at once, CRIU's lazy-pages
-        # daemon streaming its memory in behind (``lazy_restore``). A GPU process gets all of it
-        # before it runs (the CUDA driver's restore faulting it in page by page through that daemon
-        # took 11.4-11.9 s instead of 0.29 s, W2 on the H200); so does any other eager restore.
-        # gpucr's daemon (``pagefill``) copies it in with many threads, where CRIU reads it with one.
+        # daemon streaming its memory in behind (``lazy_restore``). Every other restore is handed
+        # back with all of it in place: gpucr's daemon (``pagefill``) copies it in with many
+        # threads, where CRIU reads it with one. An eager restore leaves the tree stopped until
+        # then. A GPU process runs meanwhile, for the driver's restore, whose faults the daemon
+        # serves a 4 MiB span at a time (through CRIU's daemon, page by page, that restore took
+        # 11.4-11.9 s instead of 0.29 s, W2 on the H200); the restore returns once all is in.
         paged = self.criu.lazy_pages_supported
         lazy = not used and self.lazy_restore and paged
         fill = paged and not lazy
+        running_while_filled = fill and run_while_filled and self._runs_while_filled(used)
         t1 = time.perf_counter()
+        started: Started | None = None
         try:
             try:
                 started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach,
@@ -403,11 +413,8 @@ class Checkpointer:
                     verifying.result()  # CRIU failed on a damaged image: say that, not what CRIU tripped over
                 raise
             timings["criu_restore"] = time.perf_counter() - t1
-            if fill:
-                lost = self._wait_for_pages(name, RESTORE_TIMEOUT)
-                if lost is not None:
-                    raise lost
-                timings["page_fill"] = time.perf_counter() - t1 - timings["criu_restore"]
+            if fill and not running_while_filled:
+                self._await_fill(name, timings, "page_fill")
             t_checked = time.perf_counter()
             if verifying is not None:
                 self._continue_if_intact(started, verifying)
@@ -419,9 +426,15 @@ class Checkpointer:
                 t2 = time.perf_counter()
                 self._restore_gpu(started, gpu_info.get("cuda_ns_pids", []), gpu_map)
                 timings["gpu_restore"] = time.perf_counter() - t2
+            if running_while_filled:
+                self._await_fill(name, timings, "page_fill_behind")
         except BaseException as e:
             self.store.write_proc(name, rec)  # nothing runs: the record is what it was
-            lost = self._pages_lost(name, self._pages(name))
+            report = self._pages(name)
+            if running_while_filled and report.get("exit") == PAGEFILL_LAYOUT_CHANGED and started is not None:
+                wait_gone(started.holder_pid, 10)  # its namespace is gone with it
+                raise _ChangedWhileFilled() from e
+            lost = self._pages_lost(name, report)
             if lost is not None:  # the process died of that, whatever tripped over its death
                 raise lost from e
             raise
@@ -503,6 +516,20 @@ class Checkpointer:
         if lost is not None:
             self.recover(name)
             raise lost
+
+    @staticmethod
+    def _runs_while_filled(used: list[dict[str, Any]]) -> bool:
+        """Whether the restored tree is continued before its memory is all in: a GPU process
+        is, for the driver's restore (see ``_restore_locked``)."""
+        return bool(used)
+
+    def _await_fill(self, name: str, timings: dict[str, float], key: str) -> None:
+        """Wait until the page daemon has copied every page in (``timings[key]``: how long)."""
+        t0 = time.perf_counter()
+        lost = self._wait_for_pages(name, RESTORE_TIMEOUT)
+        if lost is not None:
+            raise lost
+        timings[key] = time.perf_counter() - t0
 
     def _wait_for_pages(self, name: str, timeout: float = PAGES_WAIT) -> EngineError | None:
         deadline = time.monotonic() + timeout
@@ -820,6 +847,11 @@ def _stop_for_good(pid: int) -> None:
         except ProcessLookupError:
             continue
     wait_gone(pid, 10)
+
+
+class _ChangedWhileFilled(Exception):
+    """A restored tree forked or moved memory while it ran and its memory was filled (which the
+    page daemon does not follow): the restore is done again, the tree stopped until filled."""
 
 
 def _verify_images(ckpt: Checkpoint, progress: Progress) -> None:

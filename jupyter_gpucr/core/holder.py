@@ -186,7 +186,7 @@ def _pages_settled(pages_path: str, socket: Path, main: int) -> Callable[[int], 
             _write_status(pages_path, {"pages": "in"})
             return
         # Said first: whoever sees the tree die must find out why.
-        _write_status(pages_path, {"pages": "lost", "error": f"the lazy-pages daemon exited with {code}"})
+        _write_status(pages_path, {"pages": "lost", "error": f"the lazy-pages daemon exited with {code}", "exit": code})
         if os.getpid() == 1:  # init of the namespace: -1 is every other process in it
             os.kill(-1, signal.SIGKILL)
         else:

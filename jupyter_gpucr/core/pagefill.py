@@ -7,9 +7,12 @@ memory (0.2-0.3 s) and hands each restored task's userfaultfd to the daemon list
 ``lazy-pages.socket`` in its work directory. This is such a daemon: it serves the few pages the
 restore itself touches, and once CRIU says the restore is finished (the tree is left stopped) it
 copies every remaining page in with ``UFFDIO_COPY`` from a pool of threads, each reading its own
-part of the pages image, then closes the userfaultfds and exits 0. Only then is the tree continued,
-so it never runs with memory missing; any failure exits non-zero and the holder kills the tree
-(missing pages would read as zeros).
+4 MiB span of the pages image, then closes the userfaultfds and exits 0; the restore is handed
+back only then. An eager restore continues the tree after that. A GPU process is continued at
+once, for the driver's restore, which overlaps the copy: a page it touches brings its whole span
+in (one fault, not one per page), and memory it unmaps or drops (MADV_DONTNEED) is crossed off so
+that the image's old bytes never land in it (a fork or an mremap meanwhile fails the restore).
+Any failure exits non-zero and the holder kills the tree (missing pages would read as zeros).
 
     python -I -S pagefill.py -D IMAGES -W WORKDIR [-o LOG] [--threads N]
 
@@ -29,6 +32,8 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -36,13 +41,14 @@ SOCKET_NAME = "lazy-pages.socket"  # what CRIU connects to, relative to its work
 RESTORE_FINISHED = 0x52535446  # CRIU's "ReSTore Finished" word; PIDs are below 2**22
 PAGE = 4096
 CHUNK = 4 << 20  # bytes one thread reads and copies in at a time
+STUCK_S = 5.0  # how long a copy may find its mapping gone before the unmap's message arrives
 
 # CRIU image framing: two magic words, then entries of (u32 size, protobuf message).
 _IMG_COMMON, _PAGEMAP_MAGIC = 0x54564319, 0x56084025
 _PE_PARENT, _PE_LAZY, _PE_PRESENT = 1, 2, 4
 
 # <linux/userfaultfd.h>
-_UFFD_EVENT_PAGEFAULT = 0x12
+_UFFD_EVENT_PAGEFAULT, _UFFD_EVENT_REMOVE, _UFFD_EVENT_UNMAP = 0x12, 0x15, 0x16
 _UFFDIO_COPY, _UFFDIO_ZEROPAGE, _UFFDIO_WAKE = 0xC028AA03, 0xC020AA04, 0x8010AA02
 _UFFD_MSG_SIZE = 32
 
@@ -66,6 +72,14 @@ class _Range(ctypes.Structure):
 
 class FillError(Exception):
     """Why a page could not be brought in."""
+
+
+class LayoutChanged(FillError):
+    """The task forked or moved memory while it ran and was filled (its restore can be redone
+    with the tree stopped until filled: exit status ``LAYOUT_CHANGED``)."""
+
+
+LAYOUT_CHANGED = 3  # criu.PAGEFILL_LAYOUT_CHANGED (this script imports nothing of the package)
 
 
 # -- the images ------------------------------------------------------------------------------
@@ -146,51 +160,186 @@ def _vma_ends(pid: int) -> list[int]:
 
 # -- one restored task -----------------------------------------------------------------------
 
+class _Gate:
+    """Copies pass side by side; reading a userfaultfd message waits for them and holds them off,
+    so that a range the process gives up (munmap, MADV_DONTNEED) is crossed off before any copy
+    can put old bytes into it. Those copies fail with EAGAIN while such a message is unread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._copies = 0
+        self._reading = False
+
+    def copy(self) -> _Held:
+        return _Held(self, shared=True)
+
+    def read(self) -> _Held:
+        return _Held(self, shared=False)
+
+    def acquire(self, shared: bool) -> None:
+        with self._cond:
+            if shared:
+                self._cond.wait_for(lambda: not self._reading)
+                self._copies += 1
+            else:
+                self._cond.wait_for(lambda: not self._reading)
+                self._reading = True
+                self._cond.wait_for(lambda: self._copies == 0)
+
+    def release(self, shared: bool) -> None:
+        with self._cond:
+            if shared:
+                self._copies -= 1
+            else:
+                self._reading = False
+            self._cond.notify_all()
+
+
+@dataclass
+class _Held:
+    gate: _Gate
+    shared: bool
+
+    def __enter__(self) -> None:
+        self.gate.acquire(self.shared)
+
+    def __exit__(self, *exc: object) -> None:
+        self.gate.release(self.shared)
+
+
 @dataclass
 class Task:
-    """A restored task: its userfaultfd (from CRIU) and where its lazy memory lies in the images."""
+    """A restored task: its userfaultfd (from CRIU) and where its lazy memory lies in the images.
+
+    Once CRIU has finished, its lazy ranges are cut into ``spans``; a span is copied in by whoever
+    claims it first, a fill thread or the fault server (a fault in it brings the whole span in).
+    The task may run meanwhile (a GPU process, for the driver's restore): ranges it unmaps or
+    drops are ``removed`` and never copied; a fork or an mremap fails the fill (see ``serve``)."""
 
     pid: int
     uffd: int
     pagemap: Pagemap
     stop: threading.Event
     pages_fd: int = -1
+    gate: _Gate = field(default_factory=_Gate)
+    removed: list[tuple[int, int]] = field(default_factory=list)
+    spans: list[Span] | None = None
+    span_starts: list[int] = field(default_factory=list)  # each span's first address, for faults
+    claimed: list[bool] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def copy(self, dst: int, src: int, length: int) -> None:
+    def set_spans(self, spans: list[Span]) -> None:
+        self.claimed = [False] * len(spans)
+        self.span_starts = [pieces[0][0] for _, _, _, pieces in spans]
+        self.spans = spans
+
+    def claim(self, i: int) -> bool:
+        """Whether the caller is the one to copy span ``i``."""
+        with self.lock:
+            if self.claimed[i]:
+                return False
+            self.claimed[i] = True
+            return True
+
+    def copy(self, dst: int, src: int, length: int, on_pending: Callable[[], None] | None = None) -> None:
         """Copy ``length`` bytes at ``src`` into the task at ``dst``; pages already there (a
-        fault got them first) are skipped."""
-        done = 0
-        while done < length:
-            c = _Copy(dst + done, src + done, length - done, 0, 0)
+        fault got them first) and ranges the task gave up are skipped. While a message is unread
+        the kernel refuses copies: ``on_pending`` reads it (the fault server's own copies), others wait."""
+        pos, end = dst, dst + length
+        stuck_since = None
+        while pos < end:
+            with self.gate.copy():
+                now = self._copy_some(pos, end, src - dst)
+            if now < end:
+                stuck_since = None if now > pos else stuck_since or time.monotonic()
+                if stuck_since is not None and time.monotonic() - stuck_since > STUCK_S:
+                    raise FillError(f"task {self.pid}: UFFDIO_COPY at {now:#x} failed for {STUCK_S:.0f} s: the mapping is "
+                                    "gone and the task did not say it unmapped it")
+                self._pending(on_pending)
+            pos = now
+
+    def _pending(self, on_pending: Callable[[], None] | None) -> None:
+        if on_pending is not None:
+            on_pending()
+        elif self.stop.is_set():
+            raise FillError(f"task {self.pid}: its memory layout changed while its memory was restored")
+        else:
+            time.sleep(0.0002)  # the fault server reads the message (and crosses off) first
+
+    def _copy_some(self, pos: int, end: int, delta: int) -> int:
+        """Copy from ``pos`` until ``end`` or until a message is pending; where it stopped."""
+        while pos < end:
+            gone = min(((a, b) for a, b in self.removed if a < end and b > pos), default=None)  # the first
+            if gone is not None and gone[0] <= pos:
+                pos = min(gone[1], end)
+                continue
+            upto = min(end, gone[0]) if gone is not None else end
+            c = _Copy(pos, pos + delta, upto - pos, 0, 0)
             if _libc.ioctl(self.uffd, _UFFDIO_COPY, ctypes.byref(c)) == 0:
-                done += c.copy
+                pos += c.copy
                 continue
             err = ctypes.get_errno()
             if c.copy > 0:
-                done += c.copy
+                pos += c.copy
             elif err == errno.EEXIST or c.copy == -errno.EEXIST:
-                done += PAGE
-            elif err != errno.EAGAIN:
-                raise FillError(f"task {self.pid}: UFFDIO_COPY at {dst + done:#x} failed: {os.strerror(err)}")
-            elif self.stop.is_set():  # the event that made the copy retry was not a page fault
-                raise FillError(f"task {self.pid}: its memory layout changed while it was restored")
+                pos += PAGE
+            elif err in (errno.EAGAIN, errno.ENOENT) or c.copy in (-errno.EAGAIN, -errno.ENOENT):
+                # A message is unread, or the mapping is already gone (unmapped, its message
+                # not read yet: the kernel looks the mapping up before it checks for messages).
+                return pos
+            else:
+                raise FillError(f"task {self.pid}: UFFDIO_COPY at {pos:#x} failed: {os.strerror(err)}")
+        return pos
 
-    def serve_fault(self, addr: int, buffer: mmap.mmap, buffer_addr: int) -> None:
-        """A page the restore itself touched, before the bulk copy."""
+    def serve(self, msg: bytes) -> int | None:
+        """Take one userfaultfd message (read while no copy runs): a range given up is crossed
+        off; a page fault's address is returned, to be served outside the gate."""
+        event = msg[0]
+        if event == _UFFD_EVENT_PAGEFAULT:
+            (addr,) = struct.unpack_from("<Q", msg, 16)
+            return int(addr)
+        if event in (_UFFD_EVENT_REMOVE, _UFFD_EVENT_UNMAP):
+            start, end = struct.unpack_from("<QQ", msg, 8)
+            self.removed.append((start, end))
+            return None
+        # A fork would need its child's memory brought in too, an mremap the ranges moved: rare
+        # while a process is restored; failing keeps the checkpoint for another try.
+        raise LayoutChanged(f"task {self.pid}: userfaultfd event {event:#x} (a fork or mremap) while its memory is restored")
+
+    def serve_fault(self, addr: int, buffer: mmap.mmap, buffer_addr: int, on_pending: Callable[[], None]) -> int | None:
+        """Bring in the page at ``addr`` (the whole span around it once there are spans); the
+        span's index, if it was one."""
         page = addr & ~(PAGE - 1)
         where = self.pagemap.find(page)
-        if where is None:  # a zero page of a registered mapping
-            z = _Zero(page, PAGE, 0, 0)
-            if _libc.ioctl(self.uffd, _UFFDIO_ZEROPAGE, ctypes.byref(z)) != 0 and ctypes.get_errno() != errno.EEXIST:
-                raise FillError(f"task {self.pid}: UFFDIO_ZEROPAGE at {page:#x} failed: {os.strerror(ctypes.get_errno())}")
-            return
+        if where is None or any(a <= page < b for a, b in self.removed):  # a zero page of a registered mapping
+            self._zero(page, on_pending)
+            return None
+        spans = self.spans
+        if spans is not None:
+            i = bisect.bisect_right(self.span_starts, page) - 1
+            if self.claim(i):  # otherwise a fill thread is copying it: its copy wakes the faulting thread
+                _copy_span(spans[i], buffer, buffer_addr, on_pending)
+            return i
         start, _, offset = where
         got = os.preadv(self.pages_fd, [memoryview(buffer)[:PAGE]], offset + page - start)
         if got != PAGE:
             raise FillError(f"task {self.pid}: the pages image ends early at {offset + page - start}")
-        self.copy(page, buffer_addr, PAGE)
+        self.copy(page, buffer_addr, PAGE, on_pending)
         r = _Range(page, PAGE)  # the copy woke the faulting thread, unless the page was there already
         _libc.ioctl(self.uffd, _UFFDIO_WAKE, ctypes.byref(r))
+        return None
+
+    def _zero(self, page: int, on_pending: Callable[[], None]) -> None:
+        while True:
+            z = _Zero(page, PAGE, 0, 0)
+            if _libc.ioctl(self.uffd, _UFFDIO_ZEROPAGE, ctypes.byref(z)) == 0:
+                return
+            err = ctypes.get_errno()
+            if err == errno.EEXIST:
+                return
+            if err != errno.EAGAIN:
+                raise FillError(f"task {self.pid}: UFFDIO_ZEROPAGE at {page:#x} failed: {os.strerror(err)}")
+            on_pending()
 
 
 # -- the copy ---------------------------------------------------------------------------------
@@ -221,9 +370,26 @@ def _spans(task: Task, vma_ends: list[int]) -> list[Span]:
     return spans
 
 
+def _copy_span(span: Span, buffer: mmap.mmap, buffer_addr: int,
+               on_pending: Callable[[], None] | None = None) -> tuple[int, float]:
+    """Read the span's part of the image into ``buffer`` and copy its pieces in; the bytes, and
+    the seconds the read took."""
+    task, offset, length, pieces = span
+    t0 = time.perf_counter()
+    view = memoryview(buffer)[:length]
+    got = os.preadv(task.pages_fd, [view], offset)
+    view.release()
+    if got != length:
+        raise FillError(f"task {task.pid}: the pages image ends early at {offset + got}")
+    read_s = time.perf_counter() - t0
+    for dst, at, n in pieces:
+        task.copy(dst, buffer_addr + at, n, on_pending)
+    return sum(n for _, _, n in pieces), read_s
+
+
 class Daemon:
-    """Takes the restored tasks from CRIU, serves their faults until the restore is finished, then
-    copies their memory in (see the module's docstring)."""
+    """Takes the restored tasks from CRIU, serves their faults, and once CRIU has finished copies
+    their memory in (see the module's docstring)."""
 
     def __init__(self, images: str, threads: int, log: Log) -> None:
         self.images, self.threads, self.log = images, threads, log
@@ -234,6 +400,8 @@ class Daemon:
         self.wake, self._waker = os.pipe()  # readable once the fault servers are to stop
         self.lock = threading.Lock()
         self.read_s = self.copy_s = 0.0  # summed over the threads: where the copying time goes
+        self.faulted_spans = 0  # spans the fault servers copied (the task ran and touched them first)
+        self.queue: deque[tuple[Task, int]] = deque()  # spans for the fill threads, in order
 
     def receive(self, conn: socket.socket) -> None:
         """Take tasks from CRIU until it says the restore is finished."""
@@ -258,24 +426,34 @@ class Daemon:
             self.log(f"task {word}: {task.pagemap.lazy_bytes} bytes in {len(task.pagemap.ranges)} ranges")
 
     def _faults(self, task: Task) -> None:
-        buffer = mmap.mmap(-1, PAGE)
+        buffer = mmap.mmap(-1, CHUNK)
         buffer_addr = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
         poller = select.poll()
         poller.register(task.uffd, select.POLLIN)
         poller.register(self.wake, select.POLLIN)
+        faults: list[int] = []  # read while this thread was copying, served after
+
+        def take_message() -> None:
+            with task.gate.read():
+                try:
+                    msg = os.read(task.uffd, _UFFD_MSG_SIZE)
+                except BlockingIOError:
+                    return
+                addr = task.serve(msg)
+            if addr is not None:
+                faults.append(addr)
+
         try:
             while not self.stop.is_set():
                 if not [fd for fd, _ in poller.poll() if fd == task.uffd]:
                     continue
-                try:
-                    msg = os.read(task.uffd, _UFFD_MSG_SIZE)
-                except BlockingIOError:
-                    continue
-                event = msg[0]
-                if event != _UFFD_EVENT_PAGEFAULT:
-                    raise FillError(f"task {task.pid}: unexpected userfaultfd event {event:#x} while its memory is restored")
-                (addr,) = struct.unpack_from("<Q", msg, 16)
-                task.serve_fault(addr, buffer, buffer_addr)
+                take_message()
+                while faults:
+                    span = task.serve_fault(faults.pop(0), buffer, buffer_addr, take_message)
+                    if span is not None:  # what follows is likely touched next: the fill threads take it now
+                        self._put_first([(task, i) for i in range(span + 1, min(span + 1 + self.threads, len(task.claimed)))])
+                        with self.lock:
+                            self.faulted_spans += 1
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             self.log(f"Error: {e}")
             self.failure = self.failure or e
@@ -284,32 +462,38 @@ class Daemon:
 
     def fill(self) -> int:
         """Every remaining page of every task, by all threads at once; the bytes copied."""
-        spans = [span for task in self.tasks for span in _spans(task, _vma_ends(task.pid))]
-        local = threading.local()
+        for task in self.tasks:
+            task.set_spans(_spans(task, _vma_ends(task.pid)))
+        with self.lock:
+            self.queue.extend((task, i) for task in self.tasks for i in range(len(task.claimed)))
+        with ThreadPoolExecutor(self.threads) as pool:
+            return sum(pool.map(lambda _: self._copy_from_queue(), range(self.threads)))
 
-        def one(span: Span) -> int:
+    def _put_first(self, jobs: list[tuple[Task, int]]) -> None:
+        with self.lock:
+            self.queue.extendleft(reversed(jobs))
+
+    def _copy_from_queue(self) -> int:
+        """One fill thread: spans from the queue until it is empty; the bytes it copied."""
+        buffer = mmap.mmap(-1, CHUNK)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+        copied = 0
+        while True:
             if self.stop.is_set():  # a fault server failed: that is the error to report
                 raise self.failure or FillError("stopped")
-            if not hasattr(local, "buffer"):
-                local.buffer = mmap.mmap(-1, CHUNK)
-                local.addr = ctypes.addressof(ctypes.c_char.from_buffer(local.buffer))
-            task, offset, length, pieces = span
-            t0 = time.perf_counter()
-            view = memoryview(local.buffer)[:length]
-            got = os.preadv(task.pages_fd, [view], offset)
-            view.release()
-            if got != length:
-                raise FillError(f"task {task.pid}: the pages image ends early at {offset + got}")
-            t1 = time.perf_counter()
-            for dst, at, n in pieces:
-                task.copy(dst, local.addr + at, n)
             with self.lock:
-                self.read_s += t1 - t0
-                self.copy_s += time.perf_counter() - t1
-            return sum(n for _, _, n in pieces)
-
-        with ThreadPoolExecutor(self.threads) as pool:
-            return sum(pool.map(one, spans))
+                if not self.queue:
+                    return copied
+                task, i = self.queue.popleft()
+            if not task.claim(i):
+                continue
+            t0 = time.perf_counter()
+            assert task.spans is not None
+            n, read_s = _copy_span(task.spans[i], buffer, addr)
+            copied += n
+            with self.lock:
+                self.read_s += read_s
+                self.copy_s += time.perf_counter() - t0 - read_s
 
     def close(self) -> None:
         self.stop.set()
@@ -355,16 +539,18 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         log(f"restore finished; copying {sum(t.pagemap.lazy_bytes for t in daemon.tasks)} bytes in")
         copied = daemon.fill()
+        daemon.close()  # waits for a span a fault server is still copying
         if daemon.failure:
             raise daemon.failure
         log(f"{copied} bytes copied in by {args.threads} threads in {time.monotonic() - t0:.3f} s "
-            f"(reading {daemon.read_s:.3f} s, copying in {daemon.copy_s:.3f} s, summed over the threads)")
-        daemon.close()
+            f"(reading {daemon.read_s:.3f} s, copying in {daemon.copy_s:.3f} s, summed over the threads); "
+            f"{daemon.faulted_spans} spans copied for faults, {sum(len(t.removed) for t in daemon.tasks)} ranges given up")
         log("done")
         return 0
     except BaseException as e:  # noqa: BLE001 - any failure must end the tree: exit non-zero
-        log(f"Error: {e}")
-        return 1
+        failure = daemon.failure or e  # a fault server's failure stops the copies: it is the cause
+        log(f"Error: {failure}")
+        return LAYOUT_CHANGED if isinstance(failure, LayoutChanged) else 1
     finally:
         try:
             os.unlink(SOCKET_NAME)
