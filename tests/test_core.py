@@ -554,50 +554,53 @@ def _restored_lines(cr: Checkpointer, name: str, count: int) -> list[dict]:
     raise AssertionError(f"{name} printed {log.read_text()!r}")
 
 
+@pytest.fixture
+def suspended_to_run_while_filled(criu_path, store_dir, monkeypatch):
+    """Start GIVE_UP_SCRIPT (``mode``) and checkpoint it; its restores continue it while its memory
+    is filled, as a GPU process's are (there is no GPU here)."""
+    cr = Checkpointer(store_dir, lazy_restore=False)
+    if not cr.criu.lazy_pages_supported:
+        pytest.skip("this kernel gives CRIU no userfaultfd")
+    monkeypatch.setattr(Checkpointer, "_runs_while_filled", staticmethod(lambda used: True))
+    names: list[str] = []
+
+    def suspended(name: str, mode: str):
+        names.append(name)
+        cr.run(name, [sys.executable, "-c", GIVE_UP_SCRIPT, mode])
+        hello = _restored_lines(cr, name, 1)[0]
+        ckpt = cr.checkpoint(name)
+        time.sleep(1)  # the process tells that it was restored by the clock's jump
+        return cr, hello, ckpt
+
+    yield suspended
+    for name in names:
+        cr.remove(name, kill=True)
+
+
 def test_a_process_that_runs_while_its_memory_is_filled_keeps_it_and_what_it_gives_up_stays_given_up(
-        criu_path, store_dir, monkeypatch):
+        suspended_to_run_while_filled):
     """A GPU process runs while the page daemon copies its memory in (the driver restores it):
     pages it touches come in a span at a time, memory it unmaps or drops (MADV_DONTNEED) is
     crossed off and never gets the image's old bytes. Here a CPU process does that at once."""
-    cr = Checkpointer(store_dir, lazy_restore=False)
-    if not cr.criu.lazy_pages_supported:
-        pytest.skip("this kernel gives CRIU no userfaultfd")
-    monkeypatch.setattr(Checkpointer, "_runs_while_filled", staticmethod(lambda used: True))  # no GPU here
-    cr.run("busy", [sys.executable, "-c", GIVE_UP_SCRIPT, "give-up"])
-    try:
-        hello = _restored_lines(cr, "busy", 1)[0]
-        ckpt = cr.checkpoint("busy")
-        time.sleep(1)
-        running = cr.restore("busy")
-        assert "page_fill_behind" in running.timings
-        after = _restored_lines(cr, "busy", 2)[1]
-        assert after == {"digest": hello["digest"], "dropped": True}
-        log = (ckpt.path / "lazy-pages.log").read_text()
-        given_up = int(re.search(r"(\d+) ranges given up", log)[1])
-        assert given_up >= 2, f"the process gave nothing up while it was filled:\n{log}"
-    finally:
-        cr.remove("busy", kill=True)
+    cr, hello, ckpt = suspended_to_run_while_filled("busy", "give-up")
+    running = cr.restore("busy")
+    assert "page_fill_behind" in running.timings
+    after = _restored_lines(cr, "busy", 2)[1]
+    assert after == {"digest": hello["digest"], "dropped": True}
+    log = (ckpt.path / "lazy-pages.log").read_text()
+    given_up = int(re.search(r"(\d+) ranges given up", log)[1])
+    assert given_up >= 2, f"the process gave nothing up while it was filled:\n{log}"
 
 
 def test_a_process_that_forks_while_its_memory_is_filled_is_restored_again_stopped_until_filled(
-        criu_path, store_dir, monkeypatch):
+        suspended_to_run_while_filled):
     """A fork while the memory is filled would need the child's memory filled too, which the page
     daemon does not follow: it fails that attempt (the tree is killed), and the restore is done
     again with the tree stopped until its memory is in; the process then forks as it likes."""
-    cr = Checkpointer(store_dir, lazy_restore=False)
-    if not cr.criu.lazy_pages_supported:
-        pytest.skip("this kernel gives CRIU no userfaultfd")
-    monkeypatch.setattr(Checkpointer, "_runs_while_filled", staticmethod(lambda used: True))  # no GPU here
-    cr.run("forks", [sys.executable, "-c", GIVE_UP_SCRIPT, "fork"])
-    try:
-        hello = _restored_lines(cr, "forks", 1)[0]
-        ckpt = cr.checkpoint("forks")
-        time.sleep(1)
-        running = cr.restore("forks")
-        log = (ckpt.path / "lazy-pages.log").read_text()
-        assert "a fork or mremap" in log and log.count("restore finished") == 2, log
-        assert running.timings["first_attempt"] > 0 and "page_fill" in running.timings
-        assert _restored_lines(cr, "forks", 2)[1] == {"digest": hello["digest"], "dropped": True}
-        assert cr.status("forks")["state"] == "running"
-    finally:
-        cr.remove("forks", kill=True)
+    cr, hello, ckpt = suspended_to_run_while_filled("forks", "fork")
+    running = cr.restore("forks")
+    log = (ckpt.path / "lazy-pages.log").read_text()
+    assert "a fork or mremap" in log and log.count("restore finished") == 2, log
+    assert running.timings["first_attempt"] > 0 and "page_fill" in running.timings
+    assert _restored_lines(cr, "forks", 2)[1] == {"digest": hello["digest"], "dropped": True}
+    assert cr.status("forks")["state"] == "running"

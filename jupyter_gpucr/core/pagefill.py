@@ -241,10 +241,11 @@ class Task:
             self.claimed[i] = True
             return True
 
-    def copy(self, dst: int, src: int, length: int, on_pending: Callable[[], None] | None = None) -> None:
+    def copy(self, dst: int, src: int, length: int, on_pending: Callable[[], bool] | None = None) -> None:
         """Copy ``length`` bytes at ``src`` into the task at ``dst``; pages already there (a
         fault got them first) and ranges the task gave up are skipped. While a message is unread
-        the kernel refuses copies: ``on_pending`` reads it (the fault server's own copies), others wait."""
+        the kernel refuses copies: ``on_pending`` reads one (the fault server's own copies; whether
+        there was one), others wait."""
         pos, end = dst, dst + length
         stuck_since = None
         while pos < end:
@@ -258,13 +259,12 @@ class Task:
                 self._pending(on_pending)
             pos = now
 
-    def _pending(self, on_pending: Callable[[], None] | None) -> None:
-        if on_pending is not None:
-            on_pending()
-        elif self.stop.is_set():
+    def _pending(self, on_pending: Callable[[], bool] | None) -> None:
+        if on_pending is not None and on_pending():
+            return
+        if on_pending is None and self.stop.is_set():
             raise FillError(f"task {self.pid}: its memory layout changed while its memory was restored")
-        else:
-            time.sleep(0.0002)  # the fault server reads the message (and crosses off) first
+        time.sleep(0.0002)  # the fault server reads the message (and crosses off) first; an unmap's comes soon
 
     def _copy_some(self, pos: int, end: int, delta: int) -> int:
         """Copy from ``pos`` until ``end`` or until a message is pending; where it stopped."""
@@ -306,12 +306,12 @@ class Task:
         # while a process is restored; failing keeps the checkpoint for another try.
         raise LayoutChanged(f"task {self.pid}: userfaultfd event {event:#x} (a fork or mremap) while its memory is restored")
 
-    def serve_fault(self, addr: int, buffer: mmap.mmap, buffer_addr: int, on_pending: Callable[[], None]) -> int | None:
+    def serve_fault(self, addr: int, buffer: mmap.mmap, buffer_addr: int, on_pending: Callable[[], bool]) -> int | None:
         """Bring in the page at ``addr`` (the whole span around it once there are spans); the
         span's index, if it was one."""
         page = addr & ~(PAGE - 1)
         where = self.pagemap.find(page)
-        if where is None or any(a <= page < b for a, b in self.removed):  # a zero page of a registered mapping
+        if where is None or self._given_up(page):  # a zero page of a registered mapping
             self._zero(page, on_pending)
             return None
         spans = self.spans
@@ -329,17 +329,21 @@ class Task:
         _libc.ioctl(self.uffd, _UFFDIO_WAKE, ctypes.byref(r))
         return None
 
-    def _zero(self, page: int, on_pending: Callable[[], None]) -> None:
-        while True:
+    def _given_up(self, page: int) -> bool:
+        return any(a <= page < b for a, b in self.removed)
+
+    def _zero(self, page: int, on_pending: Callable[[], bool]) -> None:
+        since = time.monotonic()
+        while not self._given_up(page):  # unmapped meanwhile: nothing to serve
             z = _Zero(page, PAGE, 0, 0)
             if _libc.ioctl(self.uffd, _UFFDIO_ZEROPAGE, ctypes.byref(z)) == 0:
                 return
             err = ctypes.get_errno()
             if err == errno.EEXIST:
                 return
-            if err != errno.EAGAIN:
+            if err not in (errno.EAGAIN, errno.ENOENT) or time.monotonic() - since > STUCK_S:
                 raise FillError(f"task {self.pid}: UFFDIO_ZEROPAGE at {page:#x} failed: {os.strerror(err)}")
-            on_pending()
+            self._pending(on_pending)
 
 
 # -- the copy ---------------------------------------------------------------------------------
@@ -371,7 +375,7 @@ def _spans(task: Task, vma_ends: list[int]) -> list[Span]:
 
 
 def _copy_span(span: Span, buffer: mmap.mmap, buffer_addr: int,
-               on_pending: Callable[[], None] | None = None) -> tuple[int, float]:
+               on_pending: Callable[[], bool] | None = None) -> tuple[int, float]:
     """Read the span's part of the image into ``buffer`` and copy its pieces in; the bytes, and
     the seconds the read took."""
     task, offset, length, pieces = span
@@ -433,15 +437,16 @@ class Daemon:
         poller.register(self.wake, select.POLLIN)
         faults: list[int] = []  # read while this thread was copying, served after
 
-        def take_message() -> None:
+        def take_message() -> bool:
             with task.gate.read():
                 try:
                     msg = os.read(task.uffd, _UFFD_MSG_SIZE)
                 except BlockingIOError:
-                    return
+                    return False
                 addr = task.serve(msg)
             if addr is not None:
                 faults.append(addr)
+            return True
 
         try:
             while not self.stop.is_set():
