@@ -525,6 +525,15 @@ def test_failed_lazy_pages_daemon_stops_the_process_and_keeps_its_checkpoint(cri
 GIVE_UP_SCRIPT = """
 import hashlib, json, mmap, os, sys, time
 mode = sys.argv[1]
+child = os.fork() if mode == "child" else None
+if child == 0:  # holds memory of its own and exits the moment it is restored
+    mine = mmap.mmap(-1, 128 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mine[:] = os.urandom(128 << 20)
+    last = time.time()
+    while time.time() - last < 0.5:
+        last = time.time()
+        time.sleep(0.002)
+    os._exit(0)
 keep, drop, gone = (mmap.mmap(-1, n << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for n in (256, 64, 64))
 for m in (keep, drop, gone):
     for i in range(0, len(m), 16 << 20):
@@ -536,6 +545,8 @@ while True:  # back from a restore (the clock jumped): give memory up at once, w
     if time.time() - last > 0.5:
         if mode == "fork" and os.fork() == 0:
             os._exit(0)
+        if child:
+            os.waitpid(child, 0)
         drop.madvise(mmap.MADV_DONTNEED)
         gone.close()
         print(json.dumps({"digest": hashlib.sha256(keep).hexdigest(), "dropped": bytes(drop) == bytes(len(drop))}), flush=True)
@@ -604,3 +615,13 @@ def test_a_process_that_forks_while_its_memory_is_filled_is_restored_again_stopp
     assert running.timings["first_attempt"] > 0 and "page_fill" in running.timings
     assert _restored_lines(cr, "forks", 2)[1] == {"digest": hello["digest"], "dropped": True}
     assert cr.status("forks")["state"] == "running"
+
+
+def test_a_child_that_exits_while_the_memory_is_filled_needs_none_of_it(suspended_to_run_while_filled):
+    """A process of the tree may exit before its memory is all in (its copies find no process):
+    the rest of the tree is restored whole."""
+    cr, hello, ckpt = suspended_to_run_while_filled("parent", "child")
+    cr.restore("parent")
+    assert _restored_lines(cr, "parent", 2)[1] == {"digest": hello["digest"], "dropped": True}
+    log = (ckpt.path / "lazy-pages.log").read_text()
+    assert re.search(r"\b1 tasks exited meanwhile", log), log

@@ -49,6 +49,7 @@ def test_gpu_checkpoint_frees_gpu_and_restores(store_dir):
     assert ckpt.manifest["timings"]["gpu_free"] < ckpt.manifest["timings"]["total"]
 
     running = cr.restore("gpu0", gpu="0")
+    assert "page_fill_behind" in running.timings, "the driver's restore must overlap the page fill"
     after = ask(hello["port"])
     assert after["checksum"] == before["checksum"]
     time.sleep(1)
@@ -56,6 +57,25 @@ def test_gpu_checkpoint_frees_gpu_and_restores(store_dir):
     assert later["counter"] > after["counter"] and later["work"] > after["work"], "it keeps computing on the GPU"
     assert running.pid in gpu_pids(0)
     cr.remove("gpu0", kill=True)
+
+
+def test_gpu_process_that_forks_while_its_memory_is_filled_is_restored_again(store_dir):
+    """A GPU process runs while its memory is filled (the driver's restore needs it running); one
+    that forks meanwhile is restored a second time, stopped until its memory is in, and then runs
+    and forks on as before."""
+    cr = Checkpointer(store_dir)
+    hello = start(cr, "gpufork", gib=1.0, env={"CUDA_VISIBLE_DEVICES": "0", "GPU_AGENT_FORKS": "1"})
+    before = ask(hello["port"])
+    ckpt = cr.checkpoint("gpufork")
+    running = cr.restore("gpufork", gpu="0")
+    log = (ckpt.path / "lazy-pages.log").read_text()
+    assert running.timings.get("first_attempt", 0) > 0 and "a fork or mremap" in log, log
+    after = ask(hello["port"])
+    assert after["checksum"] == before["checksum"]
+    time.sleep(1)
+    assert ask(hello["port"])["counter"] > after["counter"], "it keeps computing on the GPU"
+    assert running.pid in gpu_pids(0)
+    cr.remove("gpufork", kill=True)
 
 
 def test_gpu_restore_onto_other_gpu(store_dir):

@@ -227,6 +227,7 @@ class Task:
     span_starts: list[int] = field(default_factory=list)  # each span's first address, for faults
     claimed: list[bool] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    exited: bool = False  # it ran and exited before all of it was in
 
     def set_spans(self, spans: list[Span]) -> None:
         self.claimed = [False] * len(spans)
@@ -283,6 +284,9 @@ class Task:
                 pos += c.copy
             elif err == errno.EEXIST or c.copy == -errno.EEXIST:
                 pos += PAGE
+            elif err == errno.ESRCH or c.copy == -errno.ESRCH:  # the task has exited: nothing more to bring in
+                self.exited = True
+                return end
             elif err in (errno.EAGAIN, errno.ENOENT) or c.copy in (-errno.EAGAIN, -errno.ENOENT):
                 # A message is unread, or the mapping is already gone (unmapped, its message
                 # not read yet: the kernel looks the mapping up before it checks for messages).
@@ -339,7 +343,9 @@ class Task:
             if _libc.ioctl(self.uffd, _UFFDIO_ZEROPAGE, ctypes.byref(z)) == 0:
                 return
             err = ctypes.get_errno()
-            if err == errno.EEXIST:
+            if err == errno.ESRCH:
+                self.exited = True
+            if err in (errno.EEXIST, errno.ESRCH):  # there already, or the task has exited
                 return
             if err not in (errno.EAGAIN, errno.ENOENT) or time.monotonic() - since > STUCK_S:
                 raise FillError(f"task {self.pid}: UFFDIO_ZEROPAGE at {page:#x} failed: {os.strerror(err)}")
@@ -549,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             raise daemon.failure
         log(f"{copied} bytes copied in by {args.threads} threads in {time.monotonic() - t0:.3f} s "
             f"(reading {daemon.read_s:.3f} s, copying in {daemon.copy_s:.3f} s, summed over the threads); "
-            f"{daemon.faulted_spans} spans copied for faults, {sum(len(t.removed) for t in daemon.tasks)} ranges given up")
+            f"{daemon.faulted_spans} spans copied for faults, {sum(len(t.removed) for t in daemon.tasks)} ranges given up, "
+            f"{sum(t.exited for t in daemon.tasks)} tasks exited meanwhile")
         log("done")
         return 0
     except BaseException as e:  # noqa: BLE001 - any failure must end the tree: exit non-zero

@@ -1,5 +1,7 @@
 """A PyTorch worker holding a known tensor on the GPU; it keeps computing on it and reports
-(counter, checksum of the tensor computed on the GPU, device UUID) over a TCP socket."""
+(counter, checksum of the tensor computed on the GPU, device UUID) over a TCP socket. With
+GPU_AGENT_FORKS=1 a thread also forks a short-lived child every 10 ms (as a monitoring thread
+running a command does)."""
 import json
 import os
 import socket
@@ -32,6 +34,17 @@ def serve(server: socket.socket) -> None:
         conn.close()
 
 
+def fork_often() -> None:
+    while True:
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+        time.sleep(0.01)
+
+
+if os.environ.get("GPU_AGENT_FORKS") == "1":
+    threading.Thread(target=fork_often, daemon=True).start()
 server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("127.0.0.1", 0))
