@@ -5,8 +5,9 @@ then (in the background, at idle I/O priority) turns the restore that follows in
 memory, which on a cold disk is most of a restore. A restore that starts on a cold disk reads the
 kernel's offloaded tensors ahead the same way, with several readers at normal priority, once the
 process's own image is read (CRIU, the page daemon and the checksums need that first; the tensors
-only when the driver has restored), while the driver and the refill do their part. Nothing is kept in this process: the pages belong to
-the kernel's page cache, which drops them again under memory pressure.
+only when the driver has restored), while the driver and the refill do their part. Nothing is
+kept in this process: the pages belong to the kernel's page cache, which drops them again under
+memory pressure.
 """
 from __future__ import annotations
 
