@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 SOCKET_NAME = "lazy-pages.socket"  # what CRIU connects to, relative to its work directory
@@ -170,41 +171,30 @@ class _Gate:
         self._copies = 0
         self._reading = False
 
-    def copy(self) -> _Held:
-        return _Held(self, shared=True)
-
-    def read(self) -> _Held:
-        return _Held(self, shared=False)
-
-    def acquire(self, shared: bool) -> None:
+    @contextmanager
+    def copying(self) -> Iterator[None]:
         with self._cond:
-            if shared:
-                self._cond.wait_for(lambda: not self._reading)
-                self._copies += 1
-            else:
-                self._cond.wait_for(lambda: not self._reading)
-                self._reading = True
-                self._cond.wait_for(lambda: self._copies == 0)
-
-    def release(self, shared: bool) -> None:
-        with self._cond:
-            if shared:
+            self._cond.wait_for(lambda: not self._reading)
+            self._copies += 1
+        try:
+            yield
+        finally:
+            with self._cond:
                 self._copies -= 1
-            else:
+                self._cond.notify_all()
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._reading)
+            self._reading = True
+            self._cond.wait_for(lambda: self._copies == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
                 self._reading = False
-            self._cond.notify_all()
-
-
-@dataclass
-class _Held:
-    gate: _Gate
-    shared: bool
-
-    def __enter__(self) -> None:
-        self.gate.acquire(self.shared)
-
-    def __exit__(self, *exc: object) -> None:
-        self.gate.release(self.shared)
+                self._cond.notify_all()
 
 
 @dataclass
@@ -250,7 +240,7 @@ class Task:
         pos, end = dst, dst + length
         stuck_since = None
         while pos < end:
-            with self.gate.copy():
+            with self.gate.copying():
                 now = self._copy_some(pos, end, src - dst)
             if now < end:
                 stuck_since = None if now > pos else stuck_since or time.monotonic()
@@ -307,7 +297,8 @@ class Task:
             self.removed.append((start, end))
             return None
         # A fork would need its child's memory brought in too, an mremap the ranges moved: rare
-        # while a process is restored; failing keeps the checkpoint for another try.
+        # in the tenths of a second a restore is filled; the restore is done again, the tree
+        # stopped until filled (exit status LAYOUT_CHANGED).
         raise LayoutChanged(f"task {self.pid}: userfaultfd event {event:#x} (a fork or mremap) while its memory is restored")
 
     def serve_fault(self, addr: int, buffer: mmap.mmap, buffer_addr: int, on_pending: Callable[[], bool]) -> int | None:
@@ -444,7 +435,7 @@ class Daemon:
         faults: list[int] = []  # read while this thread was copying, served after
 
         def take_message() -> bool:
-            with task.gate.read():
+            with task.gate.reading():
                 try:
                     msg = os.read(task.uffd, _UFFD_MSG_SIZE)
                 except BlockingIOError:
