@@ -144,6 +144,47 @@ class GpuFreeWatch:
         return self.freed_after
 
 
+class DiskWriteWatch:
+    """Bytes the store's block device wrote over time (its sysfs ``stat``, every 20 ms): when the
+    disk started and stopped writing during a suspend, and how fast it went in between. None
+    where the store is not on a block device of its own (tmpfs, overlay)."""
+
+    def __init__(self, store: Path) -> None:
+        dev = os.stat(store).st_dev
+        self.stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.t0 = time.perf_counter()
+        if self.stat.exists():
+            self._thread.start()
+
+    def _written(self) -> int:
+        return int(self.stat.read_text().split()[6]) * 512  # write sectors
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter() - self.t0, self._written()))
+            time.sleep(0.02)
+
+    def stop(self) -> dict | None:
+        """Seconds from the request to the first write and to 50 / 90 / 100 % of what was written,
+        the bytes, and the rate from the first write to the last."""
+        if not self.stat.exists():
+            return None
+        self._stop.set()
+        self._thread.join()
+        (_, base), (_, last) = self.samples[0], self.samples[-1]
+        total = last - base
+
+        def at(fraction: float) -> float:
+            return next(t for t, b in self.samples if b - base >= fraction * total)
+
+        first, done = at(1e-4), at(1.0)
+        return {"bytes": total, "first_write_s": first, "half_s": at(0.5), "ninety_s": at(0.9), "done_s": done,
+                "gbs_while_writing": total / max(done - first, 1e-9) / 1e9}
+
+
 def kernel_tree(kernel_id: str) -> list[psutil.Process]:
     """The kernel's process tree: its holder's command line names the kernel (a namespace holder
     may lead it)."""
@@ -195,10 +236,12 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
         time.sleep(gap)  # the user goes idle: background work after a cell or a restore has this long
         rss, huge_before = kernel_rss(kid), kernel_huge_pages(kid)
         watch = GpuFreeWatch() if kind == "gpu" else None
+        disk = DiskWriteWatch(server.store) if cold else None
         t0 = time.perf_counter()
         st = server.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
         suspend_s = time.perf_counter() - t0
         gpu_free = watch.stop() if watch else None
+        disk_writes = disk.stop() if disk else None
         live = (st.get("trim") or {}).get("live_bytes", 0) + rss
         resident = drop_from_memory(server.store) if cold else None
         t0, first = time.perf_counter(), {}
@@ -217,7 +260,8 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
                      "same_result": digest == warm_digest == reference, "timings": st["timings"], "trim": st.get("trim"),
                      "huge_pages_before": huge_before, "huge_pages_after": huge_after, "resident_before_resume": resident,
                      "lazy_restore": (server.store / "procs" / kid / ".pages").exists(),
-                     "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store)})
+                     "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store),
+                     "disk_writes": disk_writes})
     moved = None
     if kind == "gpu" and len(gpus.list_gpus()) > 1:
         try:
@@ -338,6 +382,12 @@ def main() -> None:
     if raw:
         print(fmt.format("raw", _s(raw["gpu_free_s"]), _s(raw["suspend_s"]), raw["image_bytes"] >> 20, "-",
                          _s(raw["resume_first_result_s"]), "-", raw["same_result"]))
+    for r in rows:
+        if r["disk_writes"]:
+            w = r["disk_writes"]
+            print(f"round {r['round']}: the suspend's {w['bytes'] / 1e9:.2f} GB reached the disk from {w['first_write_s']:.2f} s "
+                  f"to {w['done_s']:.2f} s ({w['gbs_while_writing']:.2f} GB/s; half at {w['half_s']:.2f} s, 90 % at "
+                  f"{w['ninety_s']:.2f} s) of the {r['suspend_s']:.2f} s suspend")
     for r in rows:  # where resume + cell went: the server's restore, the cell in the kernel, the rest (HTTP, websocket)
         restore_s, cell_s = r["restore_timings"].get("total", 0.0), r["first_cell_in_kernel_s"] or 0.0
         print(f"round {r['round']}: restore {restore_s:.2f} s + the cell in the kernel {cell_s:.2f} s "
