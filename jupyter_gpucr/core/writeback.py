@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from pathlib import Path
 
 SYNC_FILE_RANGE_WRITE = 2
@@ -32,46 +31,3 @@ def start_writeback(path: Path, offset: int, length: int) -> None:
         _sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)
     finally:
         os.close(fd)
-
-
-class WritebackWhileWriting:
-    """Hand what other processes append to the files of ``folder`` to the disk as it comes (every
-    ``interval``, in whole MiB; all of it on exit), from a thread of this process: a kernel's
-    offloaded tensors reach the disk while the kernel still writes them, without its writers ever
-    waiting on the disk (W2 on the H200: the disk wrote nothing in the first 1.2 s of a 5.4 s
-    suspend, until the offload had ended). Only appends: a range is handed over once."""
-
-    def __init__(self, folder: Path, interval: float = 0.05) -> None:
-        self.folder, self.interval = folder, interval
-        self.handed: dict[Path, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpucr-writeback", daemon=True)
-
-    def __enter__(self) -> WritebackWhileWriting:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._hand_over(whole=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._hand_over(whole=False)
-
-    def _hand_over(self, whole: bool) -> None:
-        try:
-            files = [p for p in self.folder.iterdir() if p.is_file()]
-        except OSError:  # not created yet, or gone
-            return
-        for path in files:
-            try:
-                size = path.stat().st_size
-            except OSError:
-                continue
-            upto = size if whole else size & ~((1 << 20) - 1)  # the last MiB may still be written to
-            done = self.handed.get(path, 0)
-            if upto > done:
-                start_writeback(path, done, upto - done)
-                self.handed[path] = upto
