@@ -11,7 +11,8 @@ The outcome is written as JSON to ``--status`` for the launcher.
 
 A restore with ``--lazy-pages`` first starts a lazy-pages daemon here (CRIU's, so the restored tree
 runs before its memory is all back: the daemon serves each page the tree touches and streams the
-rest behind it; or gpucr's ``pagefill``, which copies it all in while the tree is left stopped).
+rest behind it; or gpucr's ``pagefill``, which copies it all in with many threads before the
+restore is handed back).
 The file ``--pages`` then says ``{"pages": "lazy"}``, later ``"in"`` once the daemon is done.
 Should the daemon fail, the tree's untransferred memory would read as zeros: the holder kills
 every process of the namespace at once and writes ``"lost"`` (the checkpoint is intact).

@@ -11,7 +11,8 @@ copies every remaining page in with ``UFFDIO_COPY`` from a pool of threads, each
 back only then. An eager restore continues the tree after that. A GPU process is continued at
 once, for the driver's restore, which overlaps the copy: a page it touches brings its whole span
 in (one fault, not one per page), and memory it unmaps or drops (MADV_DONTNEED) is crossed off so
-that the image's old bytes never land in it (a fork or an mremap meanwhile fails the restore).
+that the image's old bytes never land in it; a task that exits needs none of it. A fork or an
+mremap meanwhile exits with ``LAYOUT_CHANGED``: the checkpointer restores again, the tree stopped.
 Any failure exits non-zero and the holder kills the tree (missing pages would read as zeros).
 
     python -I -S pagefill.py -D IMAGES -W WORKDIR [-o LOG] [--threads N]
@@ -254,7 +255,7 @@ class Task:
         if on_pending is not None and on_pending():
             return
         if on_pending is None and self.stop.is_set():
-            raise FillError(f"task {self.pid}: its memory layout changed while its memory was restored")
+            raise FillError(f"task {self.pid}: copy stopped (a fault server failed)")
         time.sleep(0.0002)  # the fault server reads the message (and crosses off) first; an unmap's comes soon
 
     def _copy_some(self, pos: int, end: int, delta: int) -> int:
@@ -376,6 +377,8 @@ def _copy_span(span: Span, buffer: mmap.mmap, buffer_addr: int,
     """Read the span's part of the image into ``buffer`` and copy its pieces in; the bytes, and
     the seconds the read took."""
     task, offset, length, pieces = span
+    if task.exited:  # nothing of it is needed any more: not even read
+        return 0, 0.0
     t0 = time.perf_counter()
     view = memoryview(buffer)[:length]
     got = os.preadv(task.pages_fd, [view], offset)
