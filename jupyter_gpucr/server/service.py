@@ -25,6 +25,7 @@ from ..core.checkpointer import Checkpointer
 from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFoundError, StateError
 from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store, read_json, write_json_atomic
+from ..core.writeback import WritebackWhileWriting
 from . import kernel_rpc
 from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
@@ -185,7 +186,8 @@ class KernelSuspender:
             if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
                 raise await self._busy_error(kernel_id)
             offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_DIR if engine.name == "criu" else None
-            saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
+            with WritebackWhileWriting(offload_to) if offload_to else contextlib.nullcontext():  # the disk starts at once
+                saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
             if not await km.is_alive():
                 raise StateError(f"{await self._display_name(kernel_id)} exited while it was being suspended.",
                                  "Restart the kernel.")
