@@ -220,17 +220,19 @@ def drop_from_memory(store: Path) -> float:
     return resident_fraction(files)
 
 
-def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
-                 gap: float) -> tuple[list[dict], float, float, dict | None]:
+def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
+                 cells_before: int) -> tuple[list[dict], float, list[float], dict | None]:
     setup, cell = code(kind)
     kid, ws = server.kernel("w2.ipynb")
     t0 = time.perf_counter()
     run_cell(ws, setup)
     reference = run_cell(ws, cell)
-    cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    run_cell(ws, cell)
-    warm_before = time.perf_counter() - t0  # the cell in the kernel as started, for the warm cells after resumes
+    cold_start = time.perf_counter() - t0
+    warm_before: list[float] = []  # the cell in the kernel as started, several times: how much it varies on this machine
+    for _ in range(cells_before):
+        t0 = time.perf_counter()
+        run_cell(ws, cell)
+        warm_before.append(time.perf_counter() - t0)
     rows = []
     for i in range(rounds):
         time.sleep(gap)  # the user goes idle: background work after a cell or a restore has this long
@@ -270,7 +272,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool,
             moved = {"error": str(e)[-2000:]}
     ws.close()
     server.rest(f"api/kernels/{kid}", "DELETE")
-    return rows, cold, warm_before, moved
+    return rows, cold_start, warm_before, moved
 
 
 def _page_daemon_log(store: Path) -> list[str]:
@@ -361,6 +363,7 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="evict the store from the page cache before each resume, "
                     "and measure the store's disk bandwidth in the same run")
     ap.add_argument("--eager", action="store_true", help="restore all memory before the kernel runs (GPUCR.lazy_restore off)")
+    ap.add_argument("--cells-before", type=int, default=3, help="times the cell runs before the first suspend")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     store = Path(args.store or tempfile.mkdtemp(prefix="gpucr-w2-"))
@@ -369,7 +372,8 @@ def main() -> None:
     cuda.unavailable_reason()
     server = Server(work, store / "gpucr", work / "server.log", ("--GPUCR.lazy_restore=False",) if args.eager else ())
     try:
-        rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds, args.cold, args.gap)
+        rows, cold, warm_before, moved = gpucr_rounds(server, args.kind, args.rounds, args.cold, args.gap,
+                                                        max(1, args.cells_before))
     finally:
         server.stop()
     raw = None if args.no_raw else raw_round(store, args.kind)
@@ -394,7 +398,7 @@ def main() -> None:
               f"+ the rest {r['resume_first_result_s'] - restore_s - cell_s:.2f} s")
     best = min(r["resume_first_result_s"] for r in rows)
     print(f"cold start (fresh kernel: setup + cell) {cold:.2f} s; cold start / resume {cold / best:.1f}x; "
-          f"the cell before any suspend {warm_before:.2f} s")
+          f"the cell before any suspend {' / '.join(f'{t:.2f}' for t in warm_before)} s")
     if moved:
         print(f"restored onto the other GPU: {json.dumps(moved)}")
     if disk:
