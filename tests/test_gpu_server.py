@@ -3,7 +3,10 @@ the tensors back, and trimming the allocator cache first shrinks the image. Runs
 machine (docs/gpu-tests.md); skips without a GPU."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from gpucr_hooks.idle import IDLE_S
 
 from jupyter_gpucr.core import cuda, gpus
 
@@ -69,4 +72,46 @@ async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp
           f"{untrimmed['timings']}, trimmed {trimmed['timings']}")
     assert b < a - (4 << 30), f"trimming should drop the 6 GiB cache: {a >> 20} MiB -> {b >> 20} MiB"
     assert b < 2 << 30, f"the offloaded 2 GiB tensor must not be in the CRIU image as well: {b >> 20} MiB"
+    ws.close()
+
+
+LATE_TENSOR_SETUP = f"""
+import threading, time, torch
+keep = torch.rand(64 << 20, device="cuda")                  # 256 MiB
+def _made_later():
+    global late
+    time.sleep({IDLE_S} + 1.0)                                # after the idle collection found the tensors
+    late = torch.full((16 << 20,), 7.0, device="cuda")      # 64 MiB no cell made
+threading.Thread(target=_made_later).start()
+print(float(keep.sum(dtype=torch.float64)))
+"""
+
+
+async def test_tensors_found_while_idle_spare_the_suspend_a_search_and_one_made_since_is_kept(
+        jp_fetch, jp_ws_fetch, jp_serverapp):
+    """The idle kernel finds its GPU tensors after its garbage collection; a suspend before the
+    next cell moves those out without searching the heap again. A tensor a thread made after that
+    is not among them and still comes back (through the driver's checkpoint); a suspend right
+    after a cell searches again and finds both."""
+    kid = (await new_session(jp_fetch, "census.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    _, out, _ = await execute(ws, LATE_TENSOR_SETUP, timeout=300)
+    checksum = out.split()[-1]
+    await asyncio.sleep(IDLE_S + 2.5)
+    pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
+
+    idle = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert idle["trim"]["offload"]["found_while_idle"] is True, idle["trim"]["offload"]
+    assert idle["trim"]["offload"]["bytes"] == 256 << 20, "only the tensor that existed when the kernel went idle"
+    assert not on_gpu(pid)
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
+    _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), float(late.sum(dtype=torch.float64)))")
+    assert out.split() == [checksum, str(7.0 * (16 << 20))]
+
+    busy = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert busy["trim"]["offload"]["found_while_idle"] is False
+    assert busy["trim"]["offload"]["bytes"] == (256 + 64) << 20
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
+    _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), float(late.sum(dtype=torch.float64)))")
+    assert out.split() == [checksum, str(7.0 * (16 << 20))]
     ws.close()

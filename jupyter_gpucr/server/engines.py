@@ -122,9 +122,11 @@ class CriuEngine(SuspendEngine):
         # From a cold disk the process's own image is read first: CRIU, the page daemon and the
         # checksums wait for it, the tensors are needed only once the driver has restored (W2 on
         # the H200: reading both at once slowed CRIU's restore from 0.3 s to 2.6-3.9 s).
+        # Stopped once the restore is done; nothing waits for the reads still in flight then.
         images_read = threading.Event()
-        ahead = (asyncio.ensure_future(asyncio.to_thread(pagecache.read_ahead, [tensors], stop, start=images_read))
-                 if offloaded and not pagecache.in_memory(tensors) else None)
+        if offloaded and not pagecache.in_memory(tensors):
+            threading.Thread(target=pagecache.read_ahead, args=([tensors], stop), kwargs={"start": images_read},
+                             name="gpucr-read-ahead", daemon=True).start()
 
         def restoring(phase: str, done: int, total: int) -> None:
             if phase == "gpu-restore" or (phase == "restoring" and 0 < total <= done):  # the image is read
@@ -139,8 +141,6 @@ class CriuEngine(SuspendEngine):
         finally:
             stop.set()  # restored and refilled, or failed: nothing more is worth reading
             images_read.set()
-            if ahead is not None:
-                await ahead
         return Resumed(running.timings)
 
     async def settled(self, kernel_id: str) -> None:

@@ -5,7 +5,8 @@ a quarter of the time a suspend takes to free the GPU. Garbage only forms while 
 once the kernel has been idle for ``IDLE_S`` seconds after a cell, one collection leaves nothing
 for a suspend to find until the next cell starts: ``prepare_suspend`` then skips its own.
 The collection runs on the kernel's event loop between requests, never during a cell (an async
-cell awaiting counts as running); a request arriving meanwhile waits for it.
+cell awaiting counts as running); a request arriving meanwhile waits for it. Work that depends
+on the heap alone follows it (``after_idle_collection``: ``offload`` finds the GPU tensors).
 
 Loaded as an IPython extension (the gpucr provisioner adds it to IPython kernels); without it,
 every suspend collects.
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Callable
 from typing import Any
 
 IDLE_S = 2.0
 
 _clean = False  # a full collection ran after the last cell ended
 _running = 0  # cells started and not ended (async cells can overlap)
+_cells = 0  # cells started so far: what the idle collection found holds until this changes
 _timer: asyncio.TimerHandle | None = None
+_after_collection: list[Callable[[], None]] = []
 
 
 def load_ipython_extension(ip: Any) -> None:
@@ -32,6 +36,17 @@ def unload_ipython_extension(ip: Any) -> None:
     ip.events.unregister("pre_run_cell", _cell_starts)
     ip.events.unregister("post_run_cell", _cell_ends)
     _cancel()
+
+
+def after_idle_collection(fn: Callable[[], None]) -> None:
+    """Run ``fn`` after each idle collection, on the event loop (a failure is ignored: the kernel
+    must not notice)."""
+    _after_collection.append(fn)
+
+
+def cells_started() -> int:
+    """How many cells have started: equal to an earlier count, no cell ran in between."""
+    return _cells
 
 
 def collect_unless_clean() -> int | None:
@@ -48,9 +63,10 @@ def collect_unless_clean() -> int | None:
 
 
 def _cell_starts(_info: Any) -> None:
-    global _clean, _running
+    global _clean, _running, _cells
     _clean = False
     _running += 1
+    _cells += 1
     _cancel()
 
 
@@ -72,6 +88,11 @@ def _collect() -> None:
         return
     gc.collect()
     _clean = True
+    for fn in _after_collection:
+        try:
+            fn()
+        except Exception:  # best effort: a suspend then does the work itself
+            pass
 
 
 def _cancel() -> None:
