@@ -69,7 +69,7 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     with ThreadPoolExecutor(1) as early:
         pending = early.submit(_Staging, torch, WRITERS * BUFFERS_PER_THREAD)  # faulted in while the storages are found
         try:
-            storages = _storages_found_while_idle(torch)
+            storages = _storages_found_while_idle()
             found_while_idle = storages is not None
             if storages is None:
                 storages = _storages_of(_cuda_tensors(torch))
@@ -273,7 +273,7 @@ def take_census() -> None:
 idle.after_idle_collection(take_census)
 
 
-def _storages_found_while_idle(torch: Any) -> list[Any] | None:
+def _storages_found_while_idle() -> list[Any] | None:
     """The census's storages if no cell started since it was taken (None otherwise), as they
     are now: tensors gone since are left out, and storages are checked again."""
     global _census
