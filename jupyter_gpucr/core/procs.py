@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 
 import psutil
 
@@ -95,3 +96,17 @@ def namespace_init(holder_pid: int) -> int | None:
         except OSError:
             continue
     return None
+
+
+def tcp_connections_to(pid: int, ports: Collection[int]) -> int:
+    """How many TCP connections from other processes to its ``ports`` process ``pid`` still
+    holds (listening sockets and connections to itself aside: an ipykernel connects to one of its
+    own ports); 0 once it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        connections = (getattr(proc, "net_connections", None) or proc.connections)(kind="tcp")  # psutil < 6
+    except psutil.Error:
+        return 0
+    own = {c.laddr.port for c in connections if c.laddr}
+    return sum(1 for c in connections
+               if c.status != psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports and c.raddr and c.raddr.port not in own)
