@@ -208,6 +208,28 @@ def _anon_huge_pages(pid: int) -> int:
         return 0
 
 
+def idle_cpu(kernel_id: str, seconds: float) -> dict:
+    """CPU seconds the kernel's process tree used while idle for ``seconds`` (before its idle
+    collection starts), and its busiest threads: after a restore nothing should spin."""
+    def sample() -> dict[tuple[int, int], tuple[str, float]]:
+        out = {}
+        for p in kernel_tree(kernel_id):
+            try:
+                for t in p.threads():
+                    comm = Path(f"/proc/{p.pid}/task/{t.id}/comm").read_text().strip()
+                    out[(p.pid, t.id)] = (comm, t.user_time + t.system_time)
+            except (psutil.Error, OSError):
+                continue
+        return out
+
+    before = sample()
+    time.sleep(seconds)
+    deltas = sorted(((cpu - before.get(key, ("", 0.0))[1], comm, key[1]) for key, (comm, cpu) in sample().items()),
+                    reverse=True)
+    return {"cpu_s": round(sum(d for d, _, _ in deltas), 3), "threads": len(deltas),
+            "busiest": [(comm, tid, round(d, 3)) for d, comm, tid in deltas[:3]]}
+
+
 def kernel_rss(kernel_id: str) -> int:
     """Host memory of the kernel's process tree."""
     return sum(p.memory_info().rss for p in kernel_tree(kernel_id))
@@ -235,7 +257,10 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
         warm_before.append(time.perf_counter() - t0)
     rows = []
     for i in range(rounds):
-        time.sleep(gap)  # the user goes idle: background work after a cell or a restore has this long
+        # the user goes idle: background work after a cell or a restore has this long (the first
+        # 1.5 s, before the idle collection, show whether anything spins)
+        idle = idle_cpu(kid, min(gap, 1.5))
+        time.sleep(max(0.0, gap - 1.5))
         rss, huge_before = kernel_rss(kid), kernel_huge_pages(kid)
         watch = GpuFreeWatch() if kind == "gpu" else None
         disk = DiskWriteWatch(server.store) if cold else None
@@ -263,7 +288,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
                      "huge_pages_before": huge_before, "huge_pages_after": huge_after, "resident_before_resume": resident,
                      "lazy_restore": (server.store / "procs" / kid / ".pages").exists(),
                      "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store),
-                     "disk_writes": disk_writes})
+                     "disk_writes": disk_writes, "idle_before_suspend": idle})
     moved = None
     if kind == "gpu" and len(gpus.list_gpus()) > 1:
         try:
@@ -392,6 +417,10 @@ def main() -> None:
             print(f"round {r['round']}: the suspend's {w['bytes'] / 1e9:.2f} GB reached the disk from {w['first_write_s']:.2f} s "
                   f"to {w['done_s']:.2f} s ({w['gbs_while_writing']:.2f} GB/s; half at {w['half_s']:.2f} s, 90 % at "
                   f"{w['ninety_s']:.2f} s) of the {r['suspend_s']:.2f} s suspend")
+    for r in rows:
+        idle = r["idle_before_suspend"]
+        print(f"round {r['round']}: the idle kernel before the suspend used {idle['cpu_s']:.2f} s of CPU in "
+              f"{min(args.gap, 1.5):.1f} s ({idle['threads']} threads; busiest {idle['busiest']})")
     for r in rows:  # where resume + cell went: the server's restore, the cell in the kernel, the rest (HTTP, websocket)
         restore_s, cell_s = r["restore_timings"].get("total", 0.0), r["first_cell_in_kernel_s"] or 0.0
         print(f"round {r['round']}: restore {restore_s:.2f} s + the cell in the kernel {cell_s:.2f} s "
