@@ -267,7 +267,7 @@ def take_census() -> None:
     if torch is None or not torch.cuda.is_initialized() or _offloaded:
         _census = None
         return
-    _census = (idle.cells_started(), [weakref.ref(t) for t in _cuda_tensors(torch)])
+    _census = (idle.cells_started(), [weakref.ref(t) for t, _st in _one_per_storage(_cuda_tensors(torch))])
 
 
 idle.after_idle_collection(take_census)
@@ -292,7 +292,13 @@ def _cuda_tensors(torch: Any) -> list[Any]:
 
 def _storages_of(tensors: Iterable[Any]) -> list[Any]:
     """Distinct, resizable CUDA storages of ``tensors`` of at least ``MIN_BYTES``, largest first."""
-    seen: dict[tuple[int, int], Any] = {}
+    return sorted((st for _t, st in _one_per_storage(tensors)), key=lambda s: -s.nbytes())
+
+
+def _one_per_storage(tensors: Iterable[Any]) -> list[tuple[Any, Any]]:
+    """One of ``tensors`` for each distinct, resizable CUDA storage of at least ``MIN_BYTES``,
+    with that storage (a census of a heap of many small tensors stays small)."""
+    seen: dict[tuple[int, int], tuple[Any, Any]] = {}
     for t in tensors:
         try:
             if not t.is_cuda or t.is_sparse:
@@ -301,8 +307,8 @@ def _storages_of(tensors: Iterable[Any]) -> list[Any]:
         except (RuntimeError, NotImplementedError):  # meta, sparse and other storage-less tensors
             continue
         if st.nbytes() >= MIN_BYTES and st.resizable():
-            seen.setdefault((st.device.index, st.data_ptr()), st)
-    return sorted(seen.values(), key=lambda s: -s.nbytes())
+            seen.setdefault((st.device.index, st.data_ptr()), (t, st))
+    return list(seen.values())
 
 
 def _bytes_of(torch: Any, st: Any) -> Any:
