@@ -114,8 +114,9 @@ def run_cell(ws: websocket.WebSocket, source: str, timing: dict[str, float] | No
         elif kind == "execute_reply":
             reply = msg
             if timing is not None:
-                timing["kernel_s"] = (datetime.fromisoformat(msg["header"]["date"])
-                                      - datetime.fromisoformat(msg["metadata"]["started"])).total_seconds()
+                started = datetime.fromisoformat(msg["metadata"]["started"]).timestamp()
+                replied = datetime.fromisoformat(msg["header"]["date"]).timestamp()
+                timing.update(kernel_s=replied - started, started_at=started, replied_at=replied)
         elif kind == "status" and msg["content"]["execution_state"] == "idle":
             idle = True
     return "".join(out).strip()
@@ -271,10 +272,14 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
         disk_writes = disk.stop() if disk else None
         live = (st.get("trim") or {}).get("live_bytes", 0) + rss
         resident = drop_from_memory(server.store) if cold else None
-        t0, first = time.perf_counter(), {}
+        t0, sent_at, first = time.perf_counter(), time.time(), {}
         digest = run_cell(ws, cell, first)
         resume_s = time.perf_counter() - t0
         restored = server.rest(f"api/gpucr/kernels/{kid}")
+        # where the time outside the restore and the cell went (one clock: all on this machine)
+        split = {"to_restored": restored["restored_at"] - sent_at - restored["timings"].get("total", 0.0),
+                 "restored_to_started": first["started_at"] - restored["restored_at"],
+                 "replied_to_client": sent_at + resume_s - first["replied_at"]} if "started_at" in first else None
         t0 = time.perf_counter()
         warm_digest = run_cell(ws, cell)
         warm_s = time.perf_counter() - t0
@@ -288,7 +293,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
                      "huge_pages_before": huge_before, "huge_pages_after": huge_after, "resident_before_resume": resident,
                      "lazy_restore": (server.store / "procs" / kid / ".pages").exists(),
                      "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store),
-                     "disk_writes": disk_writes, "idle_before_suspend": idle})
+                     "disk_writes": disk_writes, "idle_before_suspend": idle, "rest_split": split})
     moved = None
     if kind == "gpu" and len(gpus.list_gpus()) > 1:
         try:
@@ -423,8 +428,10 @@ def main() -> None:
               f"{min(args.gap, 1.5):.1f} s ({idle['threads']} threads; busiest {idle['busiest']})")
     for r in rows:  # where resume + cell went: the server's restore, the cell in the kernel, the rest (HTTP, websocket)
         restore_s, cell_s = r["restore_timings"].get("total", 0.0), r["first_cell_in_kernel_s"] or 0.0
+        split = r["rest_split"] or {}
         print(f"round {r['round']}: restore {restore_s:.2f} s + the cell in the kernel {cell_s:.2f} s "
-              f"+ the rest {r['resume_first_result_s'] - restore_s - cell_s:.2f} s")
+              f"+ the rest {r['resume_first_result_s'] - restore_s - cell_s:.2f} s ("
+              + ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in split.items()) + ")")
     best = min(r["resume_first_result_s"] for r in rows)
     print(f"cold start (fresh kernel: setup + cell) {cold:.2f} s; cold start / resume {cold / best:.1f}x; "
           f"the cell before any suspend {' / '.join(f'{t:.2f}' for t in warm_before)} s")
