@@ -26,9 +26,9 @@ from typing import Any, cast
 import psutil
 
 from .._version import __version__
-from . import cuda, gpus, hugepages
+from . import cuda, gpus, hugepages, pagefill
 from .checksums import DigestWhileWriting, digest_tree
-from .criu import LAZY_LOG, LAZY_SOCKET, PAGEFILL_LAYOUT_CHANGED, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, explain_log
+from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, explain_log
 from .errors import (
     BusyError,
     CheckpointDamagedError,
@@ -431,7 +431,7 @@ class Checkpointer:
         except BaseException as e:
             self.store.write_proc(name, rec)  # nothing runs: the record is what it was
             report = self._pages(name)
-            if running_while_filled and report.get("exit") == PAGEFILL_LAYOUT_CHANGED and started is not None:
+            if running_while_filled and report.get("exit") == pagefill.LAYOUT_CHANGED and started is not None:
                 wait_gone(started.holder_pid, 10)  # its namespace is gone with it
                 raise _ChangedWhileFilled() from e
             lost = self._pages_lost(name, report)

@@ -38,7 +38,6 @@ DUMP_DONE = "Dumping finished successfully"
 # Where a lazy restore's page daemon listens and logs, in the restore's work directory.
 LAZY_SOCKET, LAZY_LOG = "lazy-pages.socket", "lazy-pages.log"
 PAGEFILL = Path(__file__).with_name("pagefill.py")
-PAGEFILL_LAYOUT_CHANGED = 3  # its exit status when the tree forked or moved memory while it was filled
 
 # CRIU could not bind a UNIX socket name the restored process had: another socket still holds it.
 UNIX_NAME_TAKEN = r"unix: Can't bind .*Address already in use"

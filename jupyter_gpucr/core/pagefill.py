@@ -81,7 +81,7 @@ class LayoutChanged(FillError):
     with the tree stopped until filled: exit status ``LAYOUT_CHANGED``)."""
 
 
-LAYOUT_CHANGED = 3  # criu.PAGEFILL_LAYOUT_CHANGED (this script imports nothing of the package)
+LAYOUT_CHANGED = 3  # the exit status then (the checkpointer imports it from here)
 
 
 # -- the images ------------------------------------------------------------------------------
