@@ -41,7 +41,7 @@ from w2_workload import GPU_FIDELITY_CELL, GPU_FIDELITY_SETUP, code  # noqa: E40
 
 from jupyter_gpucr.core import cuda, gpus  # noqa: E402
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
-from tests.pagecache import evict, resident_fraction  # noqa: E402
+from tests.pagecache import block_device_stat, bytes_written, evict, resident_fraction  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -151,27 +151,23 @@ class DiskWriteWatch:
     where the store is not on a block device of its own (tmpfs, overlay)."""
 
     def __init__(self, store: Path) -> None:
-        dev = os.stat(store).st_dev
-        self.stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+        self.stat = block_device_stat(store)
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self.stat,), daemon=True)
         self.t0 = time.perf_counter()
-        if self.stat.exists():
+        if self.stat is not None:
             self._thread.start()
 
-    def _written(self) -> int:
-        return int(self.stat.read_text().split()[6]) * 512  # write sectors
-
-    def _run(self) -> None:
+    def _run(self, stat: Path) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter() - self.t0, self._written()))
+            self.samples.append((time.perf_counter() - self.t0, bytes_written(stat)))
             time.sleep(0.02)
 
     def stop(self) -> dict | None:
         """Seconds from the request to the first write and to 50 / 90 / 100 % of what was written,
         the bytes, and the rate from the first write to the last."""
-        if not self.stat.exists():
+        if self.stat is None:
             return None
         self._stop.set()
         self._thread.join()

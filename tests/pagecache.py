@@ -1,5 +1,6 @@
 """Page cache residency of files, for the prefetch test and bench: how much of them is in memory
-(mincore on a read-only mapping), and dropping them from it (as after a reboot)."""
+(mincore on a read-only mapping), dropping them from it (as after a reboot), and how much the
+block device under a folder has written (whether dirty pages reached the disk)."""
 from __future__ import annotations
 
 import ctypes
@@ -46,3 +47,16 @@ def evict(files: Iterable[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def block_device_stat(path: Path) -> Path | None:
+    """The sysfs ``stat`` of the block device holding ``path``; None where there is none of its
+    own (tmpfs, overlay)."""
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    return stat if stat.exists() else None
+
+
+def bytes_written(stat: Path) -> int:
+    """What the device has written since boot (its write sectors)."""
+    return int(stat.read_text().split()[6]) * 512

@@ -13,36 +13,28 @@ import pytest
 from jupyter_gpucr.core import writeback
 from jupyter_gpucr.core.writeback import WritebackWhileWriting
 
+from .pagecache import block_device_stat, bytes_written
+
 MIB = 1 << 20
-
-
-def _device_stat(path: Path) -> Path | None:
-    dev = os.stat(path).st_dev
-    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
-    return stat if stat.exists() else None
-
-
-def _written(stat: Path) -> int:
-    return int(stat.read_text().split()[6]) * 512  # sectors written
 
 
 def _append_and_wait(folder: Path, stat: Path, total: int) -> int:
     """Append ``total`` bytes in 8 MiB writes, then give the disk up to 3 s; what it wrote."""
-    before = _written(stat)
+    before = bytes_written(stat)
     with open(folder / "0.bin", "wb") as f:
         for _ in range(total // (8 * MIB)):
             f.write(os.urandom(8 * MIB))
             f.flush()
             time.sleep(0.02)
     deadline = time.monotonic() + 3
-    while _written(stat) - before < total * 0.9 and time.monotonic() < deadline:
+    while bytes_written(stat) - before < total * 0.9 and time.monotonic() < deadline:
         time.sleep(0.05)
-    return _written(stat) - before
+    return bytes_written(stat) - before
 
 
 @pytest.fixture
 def on_disk(tmp_path: Path) -> tuple[Path, Path]:
-    stat = _device_stat(tmp_path)
+    stat = block_device_stat(tmp_path)
     if stat is None:
         pytest.skip("the temporary folder is not on a block device of its own (tmpfs, overlay)")
     folder = tmp_path / "gpu-tensors"
@@ -88,7 +80,8 @@ def test_leaving_the_block_does_not_wait_for_the_disk(tmp_path, monkeypatch):
     with WritebackWhileWriting(folder, interval=0.01) as watcher:
         (folder / "0.bin").write_bytes(b"x" * (2 * MIB))
         time.sleep(0.05)  # the thread is now inside the slow call
-        (folder / "0.bin").open("ab").write(b"y" * 7)
+        with (folder / "0.bin").open("ab") as f:
+            f.write(b"y" * 7)
         t0 = time.perf_counter()
     left_after = time.perf_counter() - t0
     assert left_after < 0.05, f"leaving the block took {left_after:.2f} s"
