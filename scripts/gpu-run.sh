@@ -24,6 +24,10 @@ for gb in ${BENCH_GB:-2 8}; do
         2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/bench-$gb.log"
     rm -rf /dev/shm/gpucr-bench-$gb
 done
+# The W2 cell alone in a plain process and in kernels, side by side (CELL_ROUNDS=5 to run it).
+if [ -n "${CELL_ROUNDS:-}" ]; then
+    python3 bench/bench_cell.py --kind gpu --rounds "$CELL_ROUNDS" --json-out "$OUT/cell.json" 2>&1 | grep -v 'without encryption' | tee "$OUT/cell.log"
+fi
 # Issue 11's W2 notebook through the real server (W2_ROUNDS=2 to run it; W2_ARGS=--no-raw and such).
 if [ -n "${W2_ROUNDS:-}" ]; then
     python3 bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2 --rounds "$W2_ROUNDS" --json-out "$OUT/w2.json" ${W2_ARGS:-} \
