@@ -124,7 +124,7 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
             st.resize_(size)
         t_allocated = time.perf_counter()
         targets = [(_bytes_of(torch, st), offset, size) for st, offset, size in _offloaded]
-        with _Staging(torch, READERS * BUFFERS_PER_THREAD) as staging, ThreadPoolExecutor(READERS) as pool:
+        with _Staging(torch, READERS * BUFFERS_PER_THREAD, lazy=True) as staging, ThreadPoolExecutor(READERS) as pool:
             t_staged = time.perf_counter()
             staging.upload(pool, stripes.read_placed, targets)  # reads run ahead across storages, many are small
             waits = {"read_wait_s": round(staging.read_wait, 3), "copy_up_s": round(staging.copy_time, 3)}
@@ -236,20 +236,21 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
 
 
-def _map_huge(size: int) -> int | None:
+def _map_huge(size: int, fault_in: bool = True) -> int | None:
     """Anonymous memory outside Python's allocators (unmapped the moment it is done with), backed
     by transparent huge pages where the kernel allows it (they fault in 2-4x faster than 4 KiB
-    pages) and faulted in by several threads at once (one thread zeroes about 4 GB/s); None if
-    the mapping fails."""
+    pages) and, with ``fault_in``, faulted in by several threads at once (one thread zeroes about
+    4 GB/s); None if the mapping fails."""
     import mmap
 
     address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if address in (None, ctypes.c_void_p(-1).value):
         return None
     _libc.madvise(address, size, mmap.MADV_HUGEPAGE)  # best effort: THP may be off
-    slices = [(address + off, min(CHUNK, size - off)) for off in range(0, size, CHUNK)]
-    with ThreadPoolExecutor(min(len(slices), os.cpu_count() or 1)) as pool:
-        list(pool.map(lambda sl: _fault_in(*sl), slices))
+    if fault_in:
+        slices = [(address + off, min(CHUNK, size - off)) for off in range(0, size, CHUNK)]
+        with ThreadPoolExecutor(min(len(slices), os.cpu_count() or 1)) as pool:
+            list(pool.map(lambda sl: _fault_in(*sl), slices))
     return int(address)
 
 
@@ -329,26 +330,50 @@ class _Staging:
     They are carved from one huge-page mapping registered with the driver (cudaHostRegister):
     pinning already faulted huge pages took 0.17 s for 6 GB on the H200 machine, where a pinned
     allocation (cudaHostAlloc, ``pin_memory=True``) took 4.4 s, and PyTorch's cache of pinned
-    memory is emptied before a suspend anyway. Reusable as a context manager once."""
+    memory is emptied before a suspend anyway. With ``lazy`` (the refill) nothing is faulted in
+    up front: the reads that fill a buffer fault its pages in, in parallel, and the uploading
+    thread registers each buffer the first time it copies from it (faulting in and registering
+    512 MiB first took 0.07-0.10 s of a 0.4 s refill). Reusable as a context manager once."""
 
-    def __init__(self, torch: Any, count: int) -> None:
+    def __init__(self, torch: Any, count: int, lazy: bool = False) -> None:
         self.torch = torch
         self.size = count * CHUNK
-        self.address = _map_huge(self.size)
-        # cudaHostRegisterPortable: pinned for every GPU's context, whichever thread registers it
-        if self.address is not None and int(torch.cuda.cudart().cudaHostRegister(self.address, self.size, 1)) != 0:
-            _libc.munmap(self.address, self.size)
-            self.address = None
+        self.address = _map_huge(self.size, fault_in=not lazy)
+        self.registered: list[int] = []  # base addresses to unregister
+        self.unregistered: set[int] = set()  # (lazy) buffers not registered yet, by index
+        if self.address is not None and not lazy:
+            if self._register(self.address, self.size):
+                self.registered.append(self.address)
+            else:
+                _libc.munmap(self.address, self.size)
+                self.address = None
         if self.address is None:  # no mapping or no registration: PyTorch's pinned allocations
             self.buffers = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
         else:
             whole = torch.frombuffer((ctypes.c_char * self.size).from_address(self.address), dtype=torch.uint8)
             self.buffers = [whole[i * CHUNK:(i + 1) * CHUNK] for i in range(count)]
+            if lazy:
+                self.unregistered.update(range(count))
         self.free = [threading.Event() for _ in self.buffers]
         for e in self.free:
             e.set()
         self.next = 0
         self.read_wait = self.copy_time = 0.0  # seconds the uploading thread waited for reads, and copied
+
+    def _register(self, address: int, size: int) -> bool:
+        """Pin host memory for DMA; cudaHostRegisterPortable: for every GPU's context, whichever
+        thread registers it."""
+        return int(self.torch.cuda.cudart().cudaHostRegister(address, size, 1)) == 0
+
+    def _register_once(self, buf: Any) -> None:
+        """(lazy) Register a buffer its reads have faulted in, before the first copy from it. Left
+        unregistered if that fails: the copy then goes through the driver's own staging (slower,
+        the same bytes)."""
+        i = (buf.data_ptr() - self.address) // CHUNK
+        if i in self.unregistered:
+            self.unregistered.discard(i)
+            if self._register(buf.data_ptr(), CHUNK):
+                self.registered.append(buf.data_ptr())
 
     def __enter__(self) -> _Staging:
         return self
@@ -359,7 +384,8 @@ class _Staging:
             self.drain()
         self.buffers = []
         if self.address is not None:
-            self.torch.cuda.cudart().cudaHostUnregister(self.address)
+            for base in self.registered:
+                self.torch.cuda.cudart().cudaHostUnregister(base)
             _libc.munmap(self.address, self.size)
             self.address = None
 
@@ -398,6 +424,8 @@ class _Staging:
         dst, off, n, buf, done, read = chunk
         t0 = time.perf_counter()
         read.result()
+        if self.unregistered:
+            self._register_once(buf)
         t1 = time.perf_counter()
         dst[off:off + n].copy_(buf[:n])  # synchronous from pinned memory: the buffer is free after
         self.read_wait += t1 - t0
