@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from jupyter_gpucr.core.criu import find_criu
@@ -15,6 +16,14 @@ from jupyter_gpucr.core.criu import find_criu
 AGENTS = Path(__file__).parent / "agents"
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not reaped yet counts); race-free against its reaping."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def criu_or_skip() -> str:

@@ -21,7 +21,7 @@ from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineE
 from jupyter_gpucr.core.locks import exclusive
 from jupyter_gpucr.core.procs import tree
 
-from .conftest import agent_command, ask, wait_for_line
+from .conftest import agent_command, ask, gone, wait_for_line
 
 
 def gpucr(store: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -52,7 +52,7 @@ def test_agent_survives_checkpoint_and_restore(criu_path, store_dir, tmp_path):
 
     out = gpucr(store_dir, "--json", "checkpoint", "agent")
     ckpt = json.loads(out.stdout)
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert gone(pid)
     assert ckpt["size"] > 300 << 20
     counter_at_checkpoint = read_counts(counts)[-1]
     time.sleep(0.5)
@@ -76,7 +76,7 @@ def test_restore_while_original_pid_is_taken(criu_path, store_dir, tmp_path):
     cr = Checkpointer(store_dir)
     pid = cr.status("pidclash")["pid"]
     cr.checkpoint("pidclash")
-    assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE if psutil.pid_exists(pid) else True
+    assert gone(pid)
     squatter = _occupy_pid(pid)
     try:
         assert psutil.pid_exists(pid), "the original PID must be occupied during the restore"

@@ -7,20 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 
-import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from .conftest import gone
 from .kernel_ws import collect, execute, message, request, send
 from .pagecache import evict, resident_fraction
 from .test_server import STATE_CODE, fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
 from .test_server_lifecycle import wait_state
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def gone(pid: int) -> bool:
-    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 async def ask(ws, msg_type, content, channel="shell"):

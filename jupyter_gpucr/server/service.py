@@ -344,6 +344,7 @@ class KernelSuspender:
         return await asyncio.shield(task)
 
     async def _resume(self, kernel_id: str, gpu: str) -> KernelState:
+        asked = time.perf_counter()
         async with self.operation(kernel_id):
             km = self._kernel(kernel_id)
             st = self.lifecycle.get(kernel_id)
@@ -355,7 +356,9 @@ class KernelSuspender:
             try:
                 ckpt = self._latest(kernel_id)
                 engine = self.engines[ckpt.manifest.get("engine", "criu")]
+                started = time.perf_counter()
                 resumed = await engine.resume(kernel_id, km, ckpt, gpu, self._progress(kernel_id))
+                returned = time.perf_counter()
             except BaseException as e:
                 err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
                 self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=err.message, hint=err.hint)
@@ -377,9 +380,12 @@ class KernelSuspender:
                 raise
             now = time.time()
             gpu_now = self._gpu_of(kernel_id)
+            # the server's own share of the wait, beside the engine's steps: before the restore
+            # started (the lock, the checkpoint's records) and after it (reconnecting the channels)
+            timings = {**resumed.timings, "server_before": started - asked, "server_after": time.perf_counter() - returned}
             st = self.lifecycle.transition(
                 kernel_id, RUNNING, "done", restored_at=now, suspended_for=now - suspended_at, lost=resumed.lost,
-                warnings=resumed.warnings, timings=resumed.timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt))
+                warnings=resumed.warnings, timings=timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt))
             self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
             if not settled.done():
                 self._in_background(self._until_settled(kernel_id, settled))
