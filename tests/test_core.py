@@ -562,7 +562,18 @@ def _restored_lines(cr: Checkpointer, name: str, count: int) -> list[dict]:
         if len(lines) >= count:
             return lines
         time.sleep(0.05)
-    raise AssertionError(f"{name} printed {log.read_text()!r}")
+    raise AssertionError(f"{name} printed {log.read_text()!r}; {_whereabouts(cr, name)}")
+
+
+def _whereabouts(cr: Checkpointer, name: str) -> str:
+    """What a process that stopped printing is doing (for a failure's message)."""
+    status = cr.status(name)
+    pid = status.get("pid")
+    try:
+        state = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("State:"))
+        return f"record {status}, {state}, waiting in {Path(f'/proc/{pid}/wchan').read_text()!r}"
+    except (OSError, StopIteration, TypeError):
+        return f"record {status}, the process is gone"
 
 
 @pytest.fixture
