@@ -368,7 +368,7 @@ class Checkpointer:
             except _ChangedWhileFilled:  # it forked or moved memory while it ran and was filled
                 running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, run_while_filled=False)
                 running.timings["first_attempt"] = time.perf_counter() - t0 - running.timings["total"]
-            # the lock and the records read before (from a cold disk: 0.04 s on the H200 machine)
+            # the lock and the records read before: part of what the user waits for
             running.timings["records"] = t0 - asked
             running.timings["total"] += t0 - asked
             return running
