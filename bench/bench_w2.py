@@ -277,6 +277,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
         split = {"to_restored": restored["restored_at"] - sent_at - rt.get("total", 0.0),
                  # of which the server's own steps before and after the engine's restore
                  "server_before": rt.get("server_before", 0.0), "server_after": rt.get("server_after", 0.0),
+                 "engine_other": rt.get("engine_other", 0.0),
                  "restored_to_started": first["started_at"] - restored["restored_at"],
                  "replied_to_client": sent_at + resume_s - first["replied_at"]} if "started_at" in first else None
         t0 = time.perf_counter()

@@ -382,7 +382,9 @@ class KernelSuspender:
             gpu_now = self._gpu_of(kernel_id)
             # the server's own share of the wait, beside the engine's steps: before the restore
             # started (the lock, the checkpoint's records) and after it (reconnecting the channels)
-            timings = {**resumed.timings, "server_before": started - asked, "server_after": time.perf_counter() - returned}
+            timings = {**resumed.timings, "server_before": started - asked, "server_after": time.perf_counter() - returned,
+                       # the engine's own time outside the steps it reports (thread hand-offs, its set-up)
+                       "engine_other": returned - started - resumed.timings.get("total", 0.0)}
             st = self.lifecycle.transition(
                 kernel_id, RUNNING, "done", restored_at=now, suspended_for=now - suspended_at, lost=resumed.lost,
                 warnings=resumed.warnings, timings=timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt))
