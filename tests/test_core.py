@@ -446,6 +446,33 @@ def _gone_and_restorable(cr: Checkpointer, name: str, ckpt, hello: dict, monkeyp
     assert ask(hello["port"])["checksum"] == hello["checksum"]
 
 
+@pytest.mark.parametrize("restored", [False, True], ids=["as started", "restored"])
+def test_remove_with_kill_ends_every_process_of_the_tree(criu_path, store_dir, tmp_path, restored):
+    """``remove --kill`` ends the whole tree, not only its root: a child left behind kept the
+    namespace's init, and its own memory, alive for good."""
+    cr = Checkpointer(store_dir, lazy_restore=False)
+    sums = tmp_path / "sums"
+    sums.mkdir()
+    cr.run("tree", [sys.executable, "-c", TREE_SCRIPT, str(sums)])
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(sums.glob("*.sum"))) < 2:
+            assert time.monotonic() < deadline, "the tree did not start"
+            time.sleep(0.05)
+        if restored:
+            cr.checkpoint("tree")
+            cr.restore("tree")
+        init = psutil.Process(cr.status("tree")["pid"]).ppid()
+        namespace = [psutil.Process(init).ppid(), *tree(init)]  # unshare, the init, the root and its child
+        assert len(namespace) == 4, namespace
+    finally:
+        cr.remove("tree", kill=True)
+    deadline = time.monotonic() + 10
+    while not all(gone(p) for p in namespace) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in namespace if not gone(p)] == []
+
+
 def test_old_network_locks_are_released_at_the_next_checkpoint(criu_path, store_dir, tmp_path):
     """Each dump that stops its process leaves CRIU's network lock (an nftables table) until the
     restore, and a host has room for 1024: the locks of checkpoints older than the hold are released

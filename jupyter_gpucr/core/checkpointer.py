@@ -42,7 +42,7 @@ from .errors import (
 )
 from .launcher import HOLDER, Started, start_holder
 from .locks import exclusive
-from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, tree, tree_rss, wait_gone
+from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, tree, tree_rss, wait_gone
 from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, fsync_trees, name_of_id, private_files, read_json
 
 Progress = Callable[[str, int, int], None]
@@ -824,7 +824,9 @@ class Checkpointer:
                 if not kill:
                     raise StateError(f"{name!r} is running as PID {rec['pid']}.",
                                      "Checkpoint it first, or pass --kill to stop it and remove everything.")
-                os.kill(rec["pid"], signal.SIGKILL)
+                # the namespace's init: the tree's children go with it (the root alone would leave
+                # them to the init, which then lives on)
+                os.kill(namespace_init_of(rec["pid"]) or rec["pid"], signal.SIGKILL)
                 wait_gone(rec["pid"], 10)
             removed = self.store.checkpoint_ids(name)  # damaged ones too: the user asked for all of it
             for cid in removed:

@@ -81,6 +81,19 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return not is_alive(pid)
 
 
+def namespace_init_of(pid: int) -> int | None:
+    """Host PID of the init (PID 1) of the namespace ``pid`` runs in as that init's child (a gpucr
+    holder's: its command, or a restored tree's root), so that SIGKILL to it ends the whole tree,
+    children included. None for a process of this namespace (never the host's init) or one gone."""
+    try:
+        parent = psutil.Process(pid).ppid()
+        if not in_own_pidns(parent) or innermost_pid(parent) != 1:
+            return None
+    except (psutil.Error, OSError):
+        return None
+    return parent
+
+
 def namespace_init(holder_pid: int) -> int | None:
     """Host PID of the init (PID 1) of the namespace that ``unshare`` process ``holder_pid`` made.
 

@@ -34,7 +34,7 @@ from ..core.criu import find_criu
 from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, StateError
 from ..core.launcher import clean_env
 from ..core.names import validate_name
-from ..core.procs import in_own_pidns, innermost_pid, is_alive, namespace_init, tree, wait_gone
+from ..core.procs import in_own_pidns, innermost_pid, is_alive, namespace_init, namespace_init_of, tree, wait_gone
 from ..core.store import Store, make_private_dir, write_json_atomic
 from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, encode, peer_credentials, read_line
 
@@ -178,8 +178,8 @@ class Daemon:
         if pid is None:
             return {"killed": False}
         _check_owner(rec, peer)
-        init = namespace_init(holder.pid) if holder and holder.poll() is None else psutil.Process(pid).ppid()
-        os.kill(init if init and innermost_pid(init) == 1 else pid, signal.SIGKILL)
+        init = namespace_init(holder.pid) if holder and holder.poll() is None else namespace_init_of(pid)
+        os.kill(init or pid, signal.SIGKILL)
         wait_gone(pid, 10)
         return {"killed": True}
 
