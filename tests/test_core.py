@@ -401,6 +401,14 @@ while True:
 """
 
 
+def _wait_for_tree(sums: Path) -> None:
+    """Until TREE_SCRIPT's parent and child have each written their first checksum."""
+    deadline = time.monotonic() + 30
+    while [len(p.read_text().split()) for p in sums.glob("*.sum")] != [1, 1]:
+        assert time.monotonic() < deadline, "the tree did not start"
+        time.sleep(0.05)
+
+
 def test_eager_restore_fills_every_process_of_a_tree(criu_path, store_dir, tmp_path):
     """A parent and its child, sharing part of their memory copy-on-write: the page daemon gets a
     userfaultfd per process and fills each one from its own pages."""
@@ -411,10 +419,7 @@ def test_eager_restore_fills_every_process_of_a_tree(criu_path, store_dir, tmp_p
     sums.mkdir()
     cr.run("tree", [sys.executable, "-c", TREE_SCRIPT, str(sums)])
     try:
-        deadline = time.monotonic() + 30
-        while [len(p.read_text().split()) for p in sums.glob("*.sum")] != [1, 1]:
-            assert time.monotonic() < deadline, "the tree did not start"
-            time.sleep(0.05)
+        _wait_for_tree(sums)
         before = {p.name.split(".")[0]: p.read_text().split()[0] for p in sums.glob("*.sum")}
         ckpt = cr.checkpoint("tree")
         running = cr.restore("tree")
@@ -455,10 +460,7 @@ def test_remove_with_kill_ends_every_process_of_the_tree(criu_path, store_dir, t
     sums.mkdir()
     cr.run("tree", [sys.executable, "-c", TREE_SCRIPT, str(sums)])
     try:
-        deadline = time.monotonic() + 30
-        while len(list(sums.glob("*.sum"))) < 2:
-            assert time.monotonic() < deadline, "the tree did not start"
-            time.sleep(0.05)
+        _wait_for_tree(sums)
         if restored:
             cr.checkpoint("tree")
             cr.restore("tree")
