@@ -12,6 +12,7 @@ from jupyter_gpucr.core import cuda, gpus
 
 from .kernel_ws import execute
 from .test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
+from .test_server_faults import kill_9_during_suspends_and_restores
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
@@ -115,3 +116,18 @@ async def test_tensors_found_while_idle_spare_the_suspend_a_search_and_one_made_
     _, out, _ = await execute(ws, "print(float(keep.sum(dtype=torch.float64)), float(late.sum(dtype=torch.float64)))")
     assert out.split() == [checksum, str(7.0 * (16 << 20))]
     ws.close()
+
+
+async def test_kill_9_of_the_server_during_a_gpu_suspend_or_restore_loses_nothing_and_leaks_no_gpu_process(tmp_path):
+    """The fast path's states (tensors moved out to files, the driver's checkpoint, the refill)
+    under kill -9 of the server: the next server lists the kernel, a cell gets every tensor back,
+    and once the last server has stopped (suspending the kernel) no process holds the GPU."""
+    before = {p for g in gpus.list_gpus() for p in g.processes}
+    n = (256 << 20) // 8  # eight 256 MiB tensors: the suspend moves them out through the offload
+    setup = f"import torch\nx = 42\nts = [torch.arange(i, i + {n}, dtype=torch.int64, device='cuda') for i in range(8)]"
+    expected = f"42 {sum(n * i + n * (n - 1) // 2 for i in range(8))}\n"
+    counts = await kill_9_during_suspends_and_restores(
+        tmp_path, setup, "print(x, sum(int(t.sum()) for t in ts))", expected, (0.0, 0.1, 0.3, 0.6, 1.0, 2.0))
+    assert counts["lost"] == 0, counts
+    left = {p for g in gpus.list_gpus() for p in g.processes} - before
+    assert not left, f"processes still on the GPU after every kill: {left}"

@@ -102,21 +102,34 @@ async def test_shutdown_during_an_operation_leaves_nothing_running(jp_fetch, jp_
     assert [t["kernel_id"] for t in trash] == ([kid] if during == "suspend" else [])
 
 
+KILL_POINTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 3.0)
+
+
 async def test_kill_9_of_the_server_at_any_moment_loses_no_kernel(tmp_path):
     """kill -9 of the server at spread points of a suspend and of a restore; the next server
     lists the kernel (complete on disk) and a cell gets the value back."""
     criu_or_skip()
+    counts = await kill_9_during_suspends_and_restores(
+        tmp_path, "import numpy as np\nx = 42\na = np.arange(5_000_000)", "print(x, int(a.sum()))",
+        f"42 {sum(range(5_000_000))}\n", KILL_POINTS)
+    assert counts["lost"] == 0, counts
+
+
+async def kill_9_during_suspends_and_restores(tmp_path: pathlib.Path, setup: str, check: str, expected: str,
+                                              delays: tuple[float, ...]) -> dict[str, int]:
+    """Run ``setup`` in a kernel of a real server, then for each delay: start a suspend (then a
+    restore), kill -9 the server that long after, start a new one and run ``check``, whose output
+    must be ``expected``. Returns how often the kernel was listed and restored, or lost."""
     root, store = tmp_path / "root", tmp_path / "store"
     root.mkdir()
     counts = {"listed and restored": 0, "lost": 0}
-    points = [("suspend", d) for d in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 3.0)] + \
-             [("resume", d) for d in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 3.0)]
+    points = [("suspend", d) for d in delays] + [("resume", d) for d in delays]
     server = RealServer(root, store, tmp_path / "server-0.log")
     await server.wait_ready()
     kid = (await server.request("api/sessions", "POST", {"path": "k.ipynb", "type": "notebook", "name": "k.ipynb",
                                                          "kernel": {"name": "python3"}}))["kernel"]["id"]
     ws = await server.ws(kid)
-    await execute(ws, "import numpy as np\nx = 42\na = np.arange(5_000_000)")
+    await execute(ws, setup, timeout=300)
     ws.close()
     for i, (op, delay) in enumerate(points, 1):
         if op == "resume" and (await server.get(f"api/gpucr/kernels/{kid}"))["state"] != "suspended":
@@ -133,15 +146,15 @@ async def test_kill_9_of_the_server_at_any_moment_loses_no_kernel(tmp_path):
             counts["lost"] += 1
             continue
         ws = await server.ws(kid)
-        _, out, _ = await execute(ws, "print(x, int(a.sum()))", timeout=120)
+        _, out, _ = await execute(ws, check, timeout=120)
         ws.close()
-        assert out == f"42 {sum(range(5_000_000))}\n", (op, delay, state, out)
+        assert out == expected, (op, delay, state, out)
         counts["listed and restored"] += 1
         leftovers = [p.name for p in (store / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
         assert leftovers == [], (op, delay)
-    server.sigterm()
+    assert server.sigterm() == 0  # it suspends the kernel on its way out
     print(f"kill -9 at {len(points)} points: {counts}")
-    assert counts["lost"] == 0, counts
+    return counts
 
 
 async def _listed_state(server: RealServer, kid: str) -> str | None:

@@ -86,7 +86,8 @@ class RealServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
              "--allow-root", f"--ServerApp.root_dir={root}", "--IdentityProvider.token=secret-token",
-             f"--GPUCR.store={store}"], stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
+             # named here too: where gpucr is not installed (the GPU machine) no config file enables it
+             "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}", f"--GPUCR.store={store}"], stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
 
     async def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
