@@ -4,9 +4,15 @@ machine (docs/gpu-tests.md); skips without a GPU."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from gpucr_hooks.idle import IDLE_S
+from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core import cuda, gpus
 
@@ -131,3 +137,56 @@ async def test_kill_9_of_the_server_during_a_gpu_suspend_or_restore_loses_nothin
     assert counts["lost"] == 0, counts
     left = {p for g in gpus.list_gpus() for p in g.processes} - before
     assert not left, f"processes still on the GPU after every kill: {left}"
+
+
+@pytest.fixture
+def tmpfs_store(tmp_path, request):
+    """The server's store (``jp_server_config`` puts it at tmp_path/gpucr-store) on a tmpfs of
+    ``request.param`` bytes, mounted before the server starts."""
+    store = tmp_path / "gpucr-store"
+    store.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={request.param},mode=0700", "gpucr-test", str(store)]).returncode:
+        pytest.skip("needs to mount a tmpfs (root)")
+    yield store
+    subprocess.run(["umount", "-l", str(store)], check=True)
+
+
+@pytest.mark.parametrize("tmpfs_store", [1 << 30, 2300 << 20], indirect=True,
+                         ids=["full while the tensors are written", "full after they are written"])
+async def test_a_full_store_leaves_the_gpu_kernel_running_with_every_tensor(tmpfs_store, jp_fetch, jp_ws_fetch,
+                                                                            jp_serverapp):
+    """Disk full on the fast path: with 1 GiB the tensors' writes fail before anything left the
+    GPU; with 2.3 GiB they fit and the checkpoint's own space check refuses after, so the tensors
+    go back from the files. Either way the suspend says why and the kernel runs on, on the GPU,
+    with every tensor, and nothing of the attempt is left in the store."""
+    kid = (await new_session(jp_fetch, "full.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    n = (256 << 20) // 8
+    _, out, _ = await execute(ws, f"import torch\nts = [torch.arange(i, i + {n}, dtype=torch.int64, device='cuda') "
+                                  "for i in range(8)]\nprint(sum(int(t.sum()) for t in ts))", timeout=300)
+    assert int(out) == sum(n * i + n * (n - 1) // 2 for i in range(8))
+    pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
+    body = json.loads(err.value.response.body)
+    assert "Not enough disk" in body["message"] and "left running" in body["message"], body
+    assert "Free disk space" in body["hint"], body
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+    assert st["state"] == "running" and "Not enough disk" in st["error"], st
+    assert on_gpu(pid)
+    _, again, _ = await execute(ws, "print(sum(int(t.sum()) for t in ts), sum(t.numel() for t in ts))")
+    assert again.split() == [out.strip(), str(8 * n)]
+    deadline = time.monotonic() + 10  # the refilled folder is deleted behind the reply
+    while (left := _large_files(tmpfs_store)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert left == [], f"the failed suspend left large files in the store: {left}"
+    ws.close()
+
+
+def _large_files(root: Path) -> list[Path]:
+    found = []
+    for p in root.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):  # being deleted meanwhile
+            if p.is_file() and p.stat().st_size > 1 << 20:
+                found.append(p.relative_to(root))
+    return found
