@@ -151,10 +151,10 @@ def tmpfs_store(tmp_path, request):
     subprocess.run(["umount", "-l", str(store)], check=True)
 
 
-@pytest.mark.parametrize("tmpfs_store", [1 << 30, 2300 << 20], indirect=True,
+@pytest.mark.parametrize("tmpfs_store, tensors_fit", [(1 << 30, False), (2300 << 20, True)], indirect=["tmpfs_store"],
                          ids=["full while the tensors are written", "full after they are written"])
-async def test_a_full_store_leaves_the_gpu_kernel_running_with_every_tensor(tmpfs_store, jp_fetch, jp_ws_fetch,
-                                                                            jp_serverapp):
+async def test_a_full_store_leaves_the_gpu_kernel_running_with_every_tensor(tmpfs_store, tensors_fit, caplog, jp_fetch,
+                                                                            jp_ws_fetch, jp_serverapp):
     """Disk full on the fast path: with 1 GiB the tensors' writes fail before anything left the
     GPU; with 2.3 GiB they fit and the checkpoint's own space check refuses after, so the tensors
     go back from the files. Either way the suspend says why and the kernel runs on, on the GPU,
@@ -169,6 +169,13 @@ async def test_a_full_store_leaves_the_gpu_kernel_running_with_every_tensor(tmpf
     with pytest.raises(HTTPClientError) as err:
         await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
     body = json.loads(err.value.response.body)
+    failed_writes = [r.getMessage() for r in caplog.records if "did not answer before the suspend" in r.getMessage()]
+    if tensors_fit:  # they went out to the files and came back from them
+        assert failed_writes == []
+        back = [r.getMessage() for r in caplog.records if "took its GPU tensors back" in r.getMessage()]
+        assert back and int(back[0].rsplit("(", 1)[1].split()[0]) >= 2048, back
+    else:
+        assert failed_writes and "No space left on device" in failed_writes[0], failed_writes
     assert "Not enough disk" in body["message"] and "left running" in body["message"], body
     assert "Free disk space" in body["hint"], body
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)

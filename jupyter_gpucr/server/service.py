@@ -214,7 +214,9 @@ class KernelSuspender:
         server and deliver held messages."""
         if (self.store.proc_dir(kernel_id) / OFFLOAD_DIR).exists():
             try:
-                await kernel_rpc.with_client(km, kernel_rpc.reload)
+                report = await kernel_rpc.with_client(km, kernel_rpc.reload)
+                self.log.info("gpucr: kernel %s took its GPU tensors back after a failed suspend (%d MiB)", kernel_id,
+                              report.get("bytes", 0) >> 20)
             except Exception as e:
                 self.log.error("gpucr: kernel %s could not take its GPU tensors back after a failed suspend: %s", kernel_id, e)
         if detached:
