@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -197,3 +199,48 @@ def _large_files(root: Path) -> list[Path]:
             if p.is_file() and p.stat().st_size > 1 << 20:
                 found.append(p.relative_to(root))
     return found
+
+
+HOG = """
+import sys, time, torch
+hogs = []
+for d in range(torch.cuda.device_count()):  # every GPU: auto placement would pick another
+    free, _total = torch.cuda.mem_get_info(d)
+    hogs.append(torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device=f"cuda:{d}"))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+async def test_a_gpu_without_room_for_the_offloaded_tensors_is_refused_before_anything_is_restored(
+        jp_fetch, jp_ws_fetch, jp_serverapp):
+    """What the driver restores of a suspended kernel is only its context; its tensors come back
+    from the offload's files after. A GPU with room for the context but not the tensors must be
+    refused up front, with what is needed and free, and the kernel stays suspended; once the GPU
+    has room, it restores with every tensor."""
+    kid = (await new_session(jp_fetch, "busy.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    n = (256 << 20) // 8
+    _, out, _ = await execute(ws, f"import torch\nts = [torch.arange(i, i + {n}, dtype=torch.int64, device='cuda') "
+                                  "for i in range(8)]\nprint(sum(int(t.sum()) for t in ts))", timeout=300)
+    suspended = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert suspended["trim"]["offload"]["bytes"] >= 2 << 30, suspended["trim"]
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(1536 << 20)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"
+        with pytest.raises(HTTPClientError) as err:
+            await jp_fetch("api", "gpucr", "kernels", kid, "resume", method="POST", body="{}")
+        body = json.loads(err.value.response.body)
+        need = re.search(r"has the (\d+) MiB free this process needs", body["message"])
+        free = [int(m) for m in re.findall(r"GPU \d+ [^:]*: (\d+) MiB free", body["message"])]
+        assert need and free and int(need[1]) > (2 << 10) > max(free), body
+        assert "Free GPU memory" in body["hint"], body
+        st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+        assert st["state"] == "suspended" and "MiB free" in st["error"], st
+    finally:
+        hog.kill()
+        hog.wait()
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
+    _, again, _ = await execute(ws, "print(sum(int(t.sum()) for t in ts))")
+    assert again == out
+    ws.close()

@@ -16,7 +16,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -349,8 +349,12 @@ class Checkpointer:
 
     # -- restore -------------------------------------------------------------------------
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
-                progress: Progress = _no_progress, detach: bool = True) -> Running:
-        """Bring the process back from its latest (or the given) checkpoint onto a fitting GPU."""
+                progress: Progress = _no_progress, detach: bool = True,
+                gpu_bytes_beside: Mapping[str, int] | None = None) -> Running:
+        """Bring the process back from its latest (or the given) checkpoint onto a fitting GPU.
+        ``gpu_bytes_beside``: GPU memory (by the checkpoint's GPU UUIDs) the process takes back
+        itself after the driver's restore (a kernel's offloaded tensors); the GPU picked must
+        have room for it too."""
         d = self.store.proc_dir(name)
         asked = time.perf_counter()
         with exclusive(d, name, "restore"):
@@ -364,9 +368,10 @@ class Checkpointer:
                 raise StateError(f"{name!r} has no checkpoint.", f"Create one with 'gpucr checkpoint {name}'.")
             t0 = time.perf_counter()
             try:
-                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach)
+                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, gpu_bytes_beside or {})
             except _ChangedWhileFilled:  # it forked or moved memory while it ran and was filled
-                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, run_while_filled=False)
+                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, gpu_bytes_beside or {},
+                                               run_while_filled=False)
                 running.timings["first_attempt"] = time.perf_counter() - t0 - running.timings["total"]
             # the lock and the records read before: part of what the user waits for
             running.timings["records"] = t0 - asked
@@ -374,12 +379,14 @@ class Checkpointer:
             return running
 
     def _restore_locked(self, name: str, rec: dict[str, Any], ckpt: Checkpoint, gpu: str | int | None,
-                        progress: Progress, detach: bool, run_while_filled: bool = True) -> Running:
+                        progress: Progress, detach: bool, beside: Mapping[str, int],
+                        run_while_filled: bool = True) -> Running:
         t0 = time.perf_counter()
         self.check_compatible(ckpt)
         gpu_info = ckpt.manifest.get("gpu", {})
         used = gpu_info.get("used", [])
-        gpu_map = gpus.plan_placement(used, gpu_info.get("all", []), gpu, gpus.list_gpus()) if used else {}
+        needs = [{**u, "memory_used": u["memory_used"] + beside.get(u["uuid"], 0)} for u in used]
+        gpu_map = gpus.plan_placement(needs, gpu_info.get("all", []), gpu, gpus.list_gpus()) if used else {}
         if used:
             need = sum(u["memory_used"] for u in used)
             if psutil.virtual_memory().available < need:

@@ -14,7 +14,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +200,10 @@ class DaemonCheckpointer:
         return ckpt
 
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
-                progress: Progress = _no_progress, detach: bool = True) -> Running:
-        result = self.client.call("restore", progress, name=name, gpu=gpu, checkpoint_id=checkpoint_id)
+                progress: Progress = _no_progress, detach: bool = True,
+                gpu_bytes_beside: Mapping[str, int] | None = None) -> Running:
+        result = self.client.call("restore", progress, name=name, gpu=gpu, checkpoint_id=checkpoint_id,
+                                  gpu_bytes_beside=dict(gpu_bytes_beside or {}))
         return self._running(result, result.get("timings", {}))
 
     def await_pages(self, name: str) -> None:

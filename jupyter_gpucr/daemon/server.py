@@ -126,7 +126,7 @@ class Daemon:
         return {"id": ckpt.id, "manifest": ckpt.manifest, "kept": cr.store.checkpoint_ids(name), "record": cr.store.read_proc(name)}
 
     def op_restore(self, peer: Peer, name: str, progress: Progress, checkpoint_id: str | None = None,
-                   gpu: str | int | None = "auto") -> dict[str, Any]:
+                   gpu: str | int | None = "auto", gpu_bytes_beside: dict[str, int] | None = None) -> dict[str, Any]:
         cr = self.checkpointer(peer)
         _name(name)
         ckpt = cr.store.get(checkpoint_id) if checkpoint_id else cr.store.latest(name)
@@ -134,7 +134,11 @@ class Daemon:
             raise NotFoundError(f"{name!r} has no checkpoint {checkpoint_id or ''}".strip() + ".", "List them with 'gpucr ls'.")
         if (ckpt.manifest.get("owner") or {}).get("uid") != peer.uid:
             raise StateError(f"Checkpoint {ckpt.id} was not made for uid {peer.uid}.")
-        running = cr.restore(name, gpu, ckpt.id, progress, True)
+        beside = gpu_bytes_beside or {}
+        if not (isinstance(beside, dict) and all(isinstance(k, str) and isinstance(v, int) and v >= 0
+                                                 for k, v in beside.items())):
+            raise ProtocolError("gpu_bytes_beside must map GPU UUIDs to byte counts.")
+        running = cr.restore(name, gpu, ckpt.id, progress, True, beside)
         try:
             _check_owner(running.record, peer)
         except GPUCRError:

@@ -17,6 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..core import pagecache
@@ -134,7 +135,8 @@ class CriuEngine(SuspendEngine):
             progress(phase, done, total)
 
         try:
-            running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, restoring, False)
+            running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, restoring, False,
+                                              _offloaded_by_gpu(ckpt, tensors) if offloaded else None)
             km.provisioner.adopt(running.started)
             if offloaded:  # a GPU kernel: restored eagerly, its memory is all there
                 await self._refill(kernel_id, km, running.timings, progress)
@@ -166,6 +168,19 @@ class CriuEngine(SuspendEngine):
             if part in report:
                 timings[key] = report[part]
         timings["total"] = timings.get("total", 0) + timings["refill"]
+
+
+def _offloaded_by_gpu(ckpt: Checkpoint, tensors: Path) -> dict[str, int]:
+    """The GPU memory a kernel takes back itself after the driver's restore, by GPU UUID: as its
+    offload reported it, or, for a checkpoint taken without that report (a later server suspended
+    a kernel an earlier one had left offloaded), the folder's size on the one GPU it used."""
+    reported = (ckpt.manifest.get("offload") or {}).get("bytes_by_gpu")
+    if reported:
+        return {str(uuid): int(n) for uuid, n in reported.items()}
+    used = ckpt.manifest.get("gpu", {}).get("used", [])
+    if len(used) != 1:
+        return {}
+    return {used[0]["uuid"]: sum(f.stat().st_size for f in tensors.iterdir() if f.is_file())}
 
 
 class SnapshotEngine(SuspendEngine):

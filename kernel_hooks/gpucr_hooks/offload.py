@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import idle, stacks
+from . import gpu_ids, idle, stacks
 
 CHUNK = 16 << 20  # 32 staging buffers of it: 512 MiB to fault in and register (1 GiB took 0.15 s)
 WRITERS = min(16, os.cpu_count() or 1)  # one file each: writes into fresh tmpfs pages scale with threads
@@ -97,6 +97,7 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     stacks.release(torch, used_devices)
     t_freed = time.perf_counter()
     return {"bytes": sum(size for _st, _offset, size in _offloaded), "storages": len(storages), "files": WRITERS,
+            "bytes_by_gpu": _bytes_by_gpu(),
             "seconds": round(time.perf_counter() - t0, 3), "find_s": round(t_found - t0, 3),
             "found_while_idle": found_while_idle,
             "copy_s": round(t_copied - t_found, 3), "free_s": round(t_freed - t_copied, 3),
@@ -154,6 +155,15 @@ def _download(storages: list[Any], stripes: _Stripes, staging: _Staging) -> None
             offset += size
     for future in pending:
         future.result()  # a failed write raises here
+
+
+def _bytes_by_gpu() -> dict[str, int]:
+    """The offloaded bytes of each GPU, by its UUID: the restore must find room for them beside
+    what the driver restores (it sees only the latter), on the GPU it picks for each."""
+    by_index: dict[int, int] = {}
+    for st, _offset, size in _offloaded:
+        by_index[st.device.index] = by_index.get(st.device.index, 0) + size
+    return {uuid: n for index, n in by_index.items() if (uuid := gpu_ids.device_uuid(index))}
 
 
 def _then_set(done: threading.Event, fn: Callable[..., None], *args: Any) -> None:
