@@ -12,6 +12,7 @@ from tornado.httpclient import HTTPClientError
 
 from .conftest import criu_or_skip, gone
 from .kernel_ws import collect, execute, request, send
+from .test_core import gpucr
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -102,12 +103,17 @@ async def test_suspend_then_websocket_restores_with_state(jp_fetch, jp_ws_fetch,
     ws.close()
 
 
-async def test_suspend_with_open_tab_and_resume_by_rest(jp_fetch, jp_ws_fetch, jp_serverapp):
+async def test_suspend_with_open_tab_and_resume_by_rest(jp_fetch, jp_ws_fetch, jp_serverapp, tmp_path):
     session = await new_session(jp_fetch, "open.ipynb")
     kid = session["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
     await execute(ws, "y = 'kept'")
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    # the CLI leaves a server's kernel to the server (restored by it, it would run unmanaged)
+    refused = gpucr(tmp_path / "gpucr-store", "restore", kid, check=False)
+    assert refused.returncode == 1 and "only that server restores it" in refused.stderr, refused.stderr
+    assert f"gpucr kernel resume {kid}" in refused.stderr
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
     assert (await fetch_json(jp_fetch, "api", "kernels", kid))["execution_state"] == "idle"
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
     assert st["state"] == "running"

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ..core.checkpointer import Checkpointer
-from ..core.errors import GPUCRError
+from ..core.errors import GPUCRError, StateError
 from .doctor import report, run_checks
 from .install_criu import install
 from .server_client import call, find_server
@@ -129,6 +129,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return c.summary() | {"timings": t}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "
                                              f"process {state}.")
     if args.cmd == "restore":
+        _refuse_a_server_kernel(cr, args.name, args.checkpoint)
         cr.lazy_restore = not args.eager
         r = cr.restore(args.name, gpu=args.gpu, checkpoint_id=args.checkpoint)
         where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""
@@ -146,6 +147,16 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "trash":
         return _trash_command(cr, args)
     raise AssertionError(args.cmd)
+
+
+def _refuse_a_server_kernel(cr: Checkpointer, name: str, checkpoint_id: str | None) -> None:
+    """A Jupyter kernel's checkpoint is the server's to restore: restored here, the kernel would
+    run with no server connected (which still lists it as suspended), without the GPU tensors
+    the server gives back after the restore."""
+    ckpt = cr.store.get(checkpoint_id) if checkpoint_id else cr.store.latest(name)
+    if ckpt is not None and ckpt.manifest.get("kernel"):
+        raise StateError(f"{name!r} is a Jupyter kernel suspended by a Jupyter server; only that server restores it.",
+                         f"Open its notebook, or run 'gpucr kernel resume {ckpt.name}' against the server.")
 
 
 def _trash_command(cr: Checkpointer, args: argparse.Namespace) -> tuple[Any, str]:
