@@ -6,9 +6,9 @@
 A jupyter server with gpucr runs as a separate process; the kernel builds the W2 state
 (bench/w2_workload.py). Each round: REST suspend (GPU free as seen by NVML, suspend complete over
 HTTP, image versus live bytes), then the user's cell over the websocket (resume to first result),
-then the same cell warm; the cell's digest must equal the first one. With two GPUs, one more round
-restores onto the other GPU and compares tokens, parameters, KV cache and an optimizer's state bit
-for bit, and which GPU the process believes it is on. Then a cold start (a fresh kernel:
+then the same cell warm; the cell's digest must equal the first one. One more round restores onto
+the other GPU (with one GPU: the same one) and compares tokens, parameters, KV cache and an
+optimizer's state bit for bit, and which GPU the process believes it is on. Then a cold start (a fresh kernel:
 setup + cell), and the raw path: the same workload in a plain process, driver lock + checkpoint +
 ``criu dump``, ``criu restore`` + driver restore + unlock, then the cell. Prints a table and JSON.
 """
@@ -295,9 +295,9 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
                      "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store),
                      "disk_writes": disk_writes, "idle_before_suspend": idle, "rest_split": split})
     moved = None
-    if kind == "gpu" and len(gpus.list_gpus()) > 1:
+    if kind == "gpu":
         try:
-            moved = move_round(server, kid, ws, cell, reference)
+            moved = fidelity_round(server, kid, ws, cell, reference)
         except Exception as e:  # keep the rounds' figures
             moved = {"error": str(e)[-2000:]}
     ws.close()
@@ -311,20 +311,23 @@ def _page_daemon_log(store: Path) -> list[str]:
     return logs[0].read_text().splitlines()[-4:] if logs else []
 
 
-def move_round(server: Server, kid: str, ws: websocket.WebSocket, cell: str, reference: str) -> dict:
-    """Suspend, restore onto the other GPU (REST resume with ``gpu``), then compare bit for bit."""
+def fidelity_round(server: Server, kid: str, ws: websocket.WebSocket, cell: str, reference: str) -> dict:
+    """Suspend, restore onto the other GPU if there is one, else the same (REST resume with
+    ``gpu``), then compare bit for bit."""
     run_cell(ws, GPU_FIDELITY_SETUP)
     before = json.loads(run_cell(ws, GPU_FIDELITY_CELL))
     pid_gpus = {g.index: g.uuid for g in gpus.list_gpus() if g.processes}
     server.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
-    target = next(g for g in gpus.list_gpus() if g.index not in pid_gpus)
+    machine = gpus.list_gpus()
+    target = next((g for g in machine if g.index not in pid_gpus), None) or next(g for g in machine if g.index in pid_gpus)
     t0 = time.perf_counter()
     server.rest(f"api/gpucr/kernels/{kid}/resume", "POST", {"gpu": str(target.index)})
     digest = run_cell(ws, cell)
     resume_s = time.perf_counter() - t0
     after = json.loads(run_cell(ws, GPU_FIDELITY_CELL))
     now_on = [g.uuid for g in gpus.list_gpus() if g.processes]
-    return {"from": pid_gpus, "to": target.uuid, "nvml_now": now_on, "resume_and_cell_s": resume_s,
+    return {"from": pid_gpus, "to": target.uuid, "other_gpu": target.index not in pid_gpus, "nvml_now": now_on,
+            "resume_and_cell_s": resume_s,
             "tokens_identical": digest == reference,
             **{f"{k}_identical": before[k] == after[k] for k in ("params", "kv", "optimizer")},
             "torch_uuid_before": before["torch_uuid"], "torch_uuid_after": after["torch_uuid"],
@@ -436,7 +439,7 @@ def main() -> None:
     print(f"cold start (fresh kernel: setup + cell) {cold:.2f} s; cold start / resume {cold / best:.1f}x; "
           f"the cell before any suspend {' / '.join(f'{t:.2f}' for t in warm_before)} s")
     if moved:
-        print(f"restored onto the other GPU: {json.dumps(moved)}")
+        print(f"restored onto the {'other' if moved.get('other_gpu') else 'same'} GPU: {json.dumps(moved)}")
     if disk:
         print(f"store disk: write + fsync {disk['write_gbs']:.2f} GB/s, cold read {disk['read_gbs']:.2f} GB/s (8 threads)")
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(), "cpus": os.cpu_count(),
