@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from .conftest import criu_or_skip
@@ -102,7 +102,11 @@ class RealServer:
     async def request(self, path: str, method: str = "GET", body: object = None) -> object:
         req = HTTPRequest(f"{self.url}/{path}", method=method, headers=self.headers,
                           body=None if body is None else json.dumps(body), request_timeout=120)
-        resp = await AsyncHTTPClient().fetch(req)
+        try:
+            resp = await AsyncHTTPClient().fetch(req)
+        except HTTPClientError as e:  # say what the server answered, not only its status
+            body = e.response.body.decode(errors="replace") if e.response is not None and e.response.body else ""
+            raise HTTPClientError(e.code, f"{e.message} on {method} {path}: {body[:2000]}", e.response) from None
         return json.loads(resp.body) if resp.body else None
 
     async def get(self, path: str) -> object:

@@ -198,6 +198,7 @@ class KernelSuspender:
         except BaseException as e:
             await self._put_back(kernel_id, detached, km)
             err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
+            self.log.warning("gpucr: suspending kernel %s failed: %s %s", kernel_id, err.message, err.hint)
             self.lifecycle.transition(kernel_id, RUNNING, "failed", error=err.message, hint=err.hint)
             raise err from (None if err is e else e)
         st = self.lifecycle.transition(
@@ -363,6 +364,7 @@ class KernelSuspender:
                 returned = time.perf_counter()
             except BaseException as e:
                 err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
+                self.log.warning("gpucr: restoring kernel %s failed: %s %s", kernel_id, err.message, err.hint)
                 self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=err.message, hint=err.hint)
                 raise err from (None if err is e else e)
             # The restore may hand the kernel back before all its memory is in (engine.settled);
