@@ -6,6 +6,7 @@ server (never neither)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -131,30 +132,48 @@ async def kill_9_during_suspends_and_restores(tmp_path: pathlib.Path, setup: str
     ws = await server.ws(kid)
     await execute(ws, setup, timeout=300)
     ws.close()
-    for i, (op, delay) in enumerate(points, 1):
-        if op == "resume" and (await server.get(f"api/gpucr/kernels/{kid}"))["state"] != "suspended":
-            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
-        task = asyncio.ensure_future(server.request(f"api/gpucr/kernels/{kid}/{op}", "POST", {}))
-        await asyncio.sleep(delay)
-        server.proc.send_signal(signal.SIGKILL)
-        server.proc.wait(10)
-        task.cancel()
-        server = RealServer(root, store, tmp_path / f"server-{i}.log")
-        await server.wait_ready()
-        state = await _listed_state(server, kid)
-        if state is None:
-            counts["lost"] += 1
-            continue
-        ws = await server.ws(kid)
-        _, out, _ = await execute(ws, check, timeout=120)
-        ws.close()
-        assert out == expected, (op, delay, state, out)
-        counts["listed and restored"] += 1
-        leftovers = [p.name for p in (store / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
-        assert leftovers == [], (op, delay)
+    try:
+        for i, (op, delay) in enumerate(points, 1):
+            if op == "resume" and (await server.get(f"api/gpucr/kernels/{kid}"))["state"] != "suspended":
+                await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            task = asyncio.ensure_future(server.request(f"api/gpucr/kernels/{kid}/{op}", "POST", {}))
+            await asyncio.sleep(delay)
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait(10)
+            task.cancel()
+            server = RealServer(root, store, tmp_path / f"server-{i}.log")
+            await server.wait_ready()
+            state = await _listed_state(server, kid)
+            if state is None:
+                counts["lost"] += 1
+                continue
+            ws = await server.ws(kid)
+            _, out, _ = await execute(ws, check, timeout=120)
+            ws.close()
+            assert out == expected, (op, delay, state, out)
+            counts["listed and restored"] += 1
+            leftovers = [p.name for p in (store / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
+            assert leftovers == [], (op, delay)
+    except BaseException:
+        _leave_nothing_running(server, kid)
+        raise
     assert server.sigterm() == 0  # it suspends the kernel on its way out
     print(f"kill -9 at {len(points)} points: {counts}")
     return counts
+
+
+def _leave_nothing_running(server: RealServer, kid: str) -> None:
+    """After a failure in the loop: stop the server (it suspends the kernel), then kill whatever
+    of the kernel still runs, so that no test after this one finds it."""
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+    for pid in processes_of(kid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def _listed_state(server: RealServer, kid: str) -> str | None:
