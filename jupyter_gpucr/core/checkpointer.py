@@ -366,12 +366,12 @@ class Checkpointer:
             ckpt = self.store.get(checkpoint_id) if checkpoint_id else self.store.latest(name)
             if ckpt is None:
                 raise StateError(f"{name!r} has no checkpoint.", f"Create one with 'gpucr checkpoint {name}'.")
+            beside = gpu_bytes_beside or {}
             t0 = time.perf_counter()
             try:
-                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, gpu_bytes_beside or {})
+                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside)
             except _ChangedWhileFilled:  # it forked or moved memory while it ran and was filled
-                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, gpu_bytes_beside or {},
-                                               run_while_filled=False)
+                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside, run_while_filled=False)
                 running.timings["first_attempt"] = time.perf_counter() - t0 - running.timings["total"]
             # the lock and the records read before: part of what the user waits for
             running.timings["records"] = t0 - asked
