@@ -126,16 +126,22 @@ async def test_tensors_found_while_idle_spare_the_suspend_a_search_and_one_made_
     ws.close()
 
 
+# Eight 256 MiB CUDA tensors of known contents (the suspend moves them out through the offload),
+# the cell that sums them, and that sum.
+EIGHT_N = (256 << 20) // 8
+EIGHT_TENSORS = f"import torch\nts = [torch.arange(i, i + {EIGHT_N}, dtype=torch.int64, device='cuda') for i in range(8)]"
+SUM_OF_EIGHT = "print(sum(int(t.sum()) for t in ts))"
+EIGHT_SUM = sum(EIGHT_N * i + EIGHT_N * (EIGHT_N - 1) // 2 for i in range(8))
+
+
 async def test_kill_9_of_the_server_during_a_gpu_suspend_or_restore_loses_nothing_and_leaks_no_gpu_process(tmp_path):
     """The fast path's states (tensors moved out to files, the driver's checkpoint, the refill)
     under kill -9 of the server: the next server lists the kernel, a cell gets every tensor back,
     and once the last server has stopped (suspending the kernel) no process holds the GPU."""
     before = {p for g in gpus.list_gpus() for p in g.processes}
-    n = (256 << 20) // 8  # eight 256 MiB tensors: the suspend moves them out through the offload
-    setup = f"import torch\nx = 42\nts = [torch.arange(i, i + {n}, dtype=torch.int64, device='cuda') for i in range(8)]"
-    expected = f"42 {sum(n * i + n * (n - 1) // 2 for i in range(8))}\n"
     counts = await kill_9_during_suspends_and_restores(
-        tmp_path, setup, "print(x, sum(int(t.sum()) for t in ts))", expected, (0.0, 0.1, 0.3, 0.6, 1.0, 2.0))
+        tmp_path, f"{EIGHT_TENSORS}\nx = 42", "print(x, sum(int(t.sum()) for t in ts))", f"42 {EIGHT_SUM}\n",
+        (0.0, 0.1, 0.3, 0.6, 1.0, 2.0))
     assert counts["lost"] == 0, counts
     left = {p for g in gpus.list_gpus() for p in g.processes} - before
     assert not left, f"processes still on the GPU after every kill: {left}"
@@ -163,10 +169,8 @@ async def test_a_full_store_leaves_the_gpu_kernel_running_with_every_tensor(tmpf
     with every tensor, and nothing of the attempt is left in the store."""
     kid = (await new_session(jp_fetch, "full.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
-    n = (256 << 20) // 8
-    _, out, _ = await execute(ws, f"import torch\nts = [torch.arange(i, i + {n}, dtype=torch.int64, device='cuda') "
-                                  "for i in range(8)]\nprint(sum(int(t.sum()) for t in ts))", timeout=300)
-    assert int(out) == sum(n * i + n * (n - 1) // 2 for i in range(8))
+    _, out, _ = await execute(ws, f"{EIGHT_TENSORS}\n{SUM_OF_EIGHT}", timeout=300)
+    assert int(out) == EIGHT_SUM
     pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.kernel_pid
     with pytest.raises(HTTPClientError) as err:
         await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
@@ -184,7 +188,7 @@ async def test_a_full_store_leaves_the_gpu_kernel_running_with_every_tensor(tmpf
     assert st["state"] == "running" and "Not enough disk" in st["error"], st
     assert on_gpu(pid)
     _, again, _ = await execute(ws, "print(sum(int(t.sum()) for t in ts), sum(t.numel() for t in ts))")
-    assert again.split() == [out.strip(), str(8 * n)]
+    assert again.split() == [out.strip(), str(8 * EIGHT_N)]
     deadline = time.monotonic() + 10  # the refilled folder is deleted behind the reply
     while (left := _large_files(tmpfs_store)) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
@@ -220,9 +224,7 @@ async def test_a_gpu_without_room_for_the_offloaded_tensors_is_refused_before_an
     has room, it restores with every tensor."""
     kid = (await new_session(jp_fetch, "busy.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
-    n = (256 << 20) // 8
-    _, out, _ = await execute(ws, f"import torch\nts = [torch.arange(i, i + {n}, dtype=torch.int64, device='cuda') "
-                                  "for i in range(8)]\nprint(sum(int(t.sum()) for t in ts))", timeout=300)
+    _, out, _ = await execute(ws, f"{EIGHT_TENSORS}\n{SUM_OF_EIGHT}", timeout=300)
     suspended = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert suspended["trim"]["offload"]["bytes"] >= 2 << 30, suspended["trim"]
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(1536 << 20)], stdout=subprocess.PIPE, text=True)
@@ -241,6 +243,6 @@ async def test_a_gpu_without_room_for_the_offloaded_tensors_is_refused_before_an
         hog.kill()
         hog.wait()
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "resume", method="POST", body={})
-    _, again, _ = await execute(ws, "print(sum(int(t.sum()) for t in ts))")
+    _, again, _ = await execute(ws, SUM_OF_EIGHT)
     assert again == out
     ws.close()
