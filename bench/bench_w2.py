@@ -429,6 +429,11 @@ def main() -> None:
         idle = r["idle_before_suspend"]
         print(f"round {r['round']}: the idle kernel before the suspend used {idle['cpu_s']:.2f} s of CPU in "
               f"{min(args.gap, 1.5):.1f} s ({idle['threads']} threads; busiest {idle['busiest']})")
+    for r in rows:  # where the suspend went: the kernel's offload, then the checkpointer's steps
+        t, offload = r["timings"], ((r["trim"] or {}).get("offload") or {})
+        print(f"round {r['round']}: suspend {r['suspend_s']:.2f} s: the kernel's offload {offload.get('seconds', 0):.2f} s, "
+              + ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in t.items() if k != "total")
+              + f" (checkpointer {t.get('total', 0):.2f} s)")
     for r in rows:  # where resume + cell went: the server's restore, the cell in the kernel, the rest (HTTP, websocket)
         restore_s, cell_s = r["restore_timings"].get("total", 0.0), r["first_cell_in_kernel_s"] or 0.0
         split = r["rest_split"] or {}

@@ -54,6 +54,9 @@ def test_agent_survives_checkpoint_and_restore(criu_path, store_dir, tmp_path):
     ckpt = json.loads(out.stdout)
     assert gone(pid)
     assert ckpt["size"] > 300 << 20
+    timings = json.loads((store_dir / "checkpoints" / ckpt["id"] / "manifest.json").read_text())["timings"]
+    # CRIU's own split of its dump: writing the 300 MB came within collecting them, within the freeze
+    assert 0 < timings["criu_memwrite"] <= timings["criu_memdump"] <= timings["criu_frozen"] <= timings["dump"], timings
     counter_at_checkpoint = read_counts(counts)[-1]
     time.sleep(0.5)
     assert read_counts(counts)[-1] == counter_at_checkpoint, "the process kept running after the checkpoint"

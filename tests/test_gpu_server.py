@@ -216,17 +216,24 @@ time.sleep(600)
 """
 
 
+@pytest.mark.parametrize("reported", [True, False], ids=["bytes-per-gpu-reported", "older-checkpoint"])
 async def test_a_gpu_without_room_for_the_offloaded_tensors_is_refused_before_anything_is_restored(
-        jp_fetch, jp_ws_fetch, jp_serverapp):
+        reported, jp_fetch, jp_ws_fetch, jp_serverapp):
     """What the driver restores of a suspended kernel is only its context; its tensors come back
     from the offload's files after. A GPU with room for the context but not the tensors must be
     refused up front, with what is needed and free, and the kernel stays suspended; once the GPU
-    has room, it restores with every tensor."""
+    has room, it restores with every tensor. A checkpoint whose manifest lacks the offload's bytes
+    per GPU (taken by a server from before that report) counts its offload folder instead."""
     kid = (await new_session(jp_fetch, "busy.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
     _, out, _ = await execute(ws, f"{EIGHT_TENSORS}\n{SUM_OF_EIGHT}", timeout=300)
     suspended = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert suspended["trim"]["offload"]["bytes"] >= 2 << 30, suspended["trim"]
+    if not reported:
+        ckpt = jp_serverapp.kernel_manager.suspender.checkpointer.store.latest(kid)
+        manifest = json.loads((ckpt.path / "manifest.json").read_text())
+        assert manifest["offload"].pop("bytes_by_gpu")
+        (ckpt.path / "manifest.json").write_text(json.dumps(manifest))
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(1536 << 20)], stdout=subprocess.PIPE, text=True)
     try:
         assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"

@@ -28,7 +28,8 @@ import psutil
 from .._version import __version__
 from . import cuda, gpus, hugepages, pagefill
 from .checksums import DigestWhileWriting, digest_tree
-from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, explain_log
+from .criu import (LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks,
+                   dump_stats, explain_log)
 from .errors import (
     BusyError,
     CheckpointDamagedError,
@@ -253,6 +254,7 @@ class Checkpointer:
                 timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running,
                                             leave_stopped=not leave_running,
                                             keep_log=self.store.proc_dir(name) / "dump-failed.log")
+            timings.update(dump_stats(tmp))
         except BaseException as e:
             problems = cuda.put_back(locked)
             self.store.discard(tmp)

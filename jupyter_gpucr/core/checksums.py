@@ -3,13 +3,15 @@
 Images are many GB; a cryptographic hash would add seconds per GB to every suspend and
 restore. XXH3 detects corruption (the goal here). Files are hashed in 256 MiB chunks on a
 thread pool (xxhash releases the GIL), so one large pages image uses every core; a file's
-digest is the XXH3 of its chunk digests.
+digest is the XXH3 of its chunk digests (the chunk size is part of the format).
 """
 from __future__ import annotations
 
+import mmap
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import xxhash
@@ -19,9 +21,15 @@ from .writeback import start_writeback
 ALGORITHM = "xxh3_128"
 CHUNK = 256 << 20
 _READ = 16 << 20
+#: Threads that hash a dump's chunks while CRIU writes it: enough to keep up with CRIU's one
+#: writing thread on a large machine, one on a small one (they run at the lowest priority).
+_BESIDE_THE_DUMP = max(1, min(4, (os.cpu_count() or 1) // 4))
+
+ChunkDigest = Callable[[Path, int, int], bytes]
 
 
 def _chunk_digest(path: Path, offset: int, length: int) -> bytes:
+    """Digest of one chunk, read in large pieces (a file on a cold disk is read ahead this way)."""
     h = xxhash.xxh3_128()
     buf = bytearray(_READ)
     view = memoryview(buf)
@@ -39,14 +47,24 @@ def _chunk_digest(path: Path, offset: int, length: int) -> bytes:
     return h.digest()
 
 
-def _digests(files: list[Path], done: dict[Path, list[bytes]] | None = None) -> list[str]:
+def _chunk_digest_in_place(path: Path, offset: int, length: int) -> bytes:
+    """Digest of one chunk of a file just written, so in memory: hashed where its pages lie,
+    without copying them first (1.6x as fast as reading on the CPU machine)."""
+    if length == 0:
+        return xxhash.xxh3_128().digest()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=offset) as m:
+        return xxhash.xxh3_128(m).digest()
+
+
+def _digests(files: list[Path], done: dict[Path, list[bytes]] | None = None,
+             chunk_digest: ChunkDigest = _chunk_digest) -> list[str]:
     """Digest of each file; ``done`` holds chunk digests already computed from the start of a file."""
     done = done or {}
     jobs = [(i, p, off, min(CHUNK, size - off))
             for i, (p, size) in enumerate((p, p.stat().st_size) for p in files)
             for off in range(len(done.get(p, [])) * CHUNK, max(size, 1), CHUNK)]
     with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1, 16))) as pool:
-        parts = list(pool.map(lambda j: _chunk_digest(j[1], j[2], j[3]), jobs))
+        parts = list(pool.map(lambda j: chunk_digest(j[1], j[2], j[3]), jobs))
     per_file: list[list[bytes]] = [list(done.get(p, [])) for p in files]
     for (i, *_), digest in zip(jobs, parts):
         per_file[i].append(digest)
@@ -71,33 +89,48 @@ class DigestWhileWriting:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._done: dict[Path, list[bytes]] = {}
+        self._chunks: dict[Path, list[Future[bytes]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._pool = ThreadPoolExecutor(_BESIDE_THE_DUMP, thread_name_prefix="gpucr-digest",
+                                        initializer=_lowest_priority)
 
     def __enter__(self) -> DigestWhileWriting:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        if exc_type is not None:  # the dump failed: nothing will ask for the digests
+            self._pool.shutdown(cancel_futures=True)
 
     def _run(self) -> None:
-        # Lowest CPU priority: the dump must never wait for its own checksums.
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        while not self._stop.wait(0.05):
+        while not self._stop.wait(0.02):
             for p in [p for p in self.root.glob("*.img") if p.is_file()]:
-                chunks = self._done.setdefault(p, [])
-                while not self._stop.is_set() and p.stat().st_size >= (len(chunks) + 1) * CHUNK:
-                    chunks.append(_chunk_digest(p, len(chunks) * CHUNK, CHUNK))
-                    start_writeback(p, (len(chunks) - 1) * CHUNK, CHUNK)  # the commit's fsync finds it (mostly) on disk
+                chunks = self._chunks.setdefault(p, [])
+                size = p.stat().st_size
+                while not self._stop.is_set() and size >= (len(chunks) + 1) * CHUNK:
+                    chunks.append(self._pool.submit(_digest_and_hand_to_disk, p, len(chunks) * CHUNK))
 
     def result(self) -> dict[str, dict[str, int | str]]:
         """Digests of every file below ``root``, like :func:`digest_tree`; call after the writer ended."""
+        done = {p: [f.result() for f in chunks] for p, chunks in self._chunks.items()}
+        self._pool.shutdown()
         files = sorted(p for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
         return {str(p.relative_to(self.root)): {"size": p.stat().st_size, ALGORITHM: d}
-                for p, d in zip(files, _digests(files, self._done))}
+                for p, d in zip(files, _digests(files, done, _chunk_digest_in_place))}
+
+
+def _lowest_priority() -> None:
+    """The dump must never wait for its own checksums."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
+def _digest_and_hand_to_disk(path: Path, offset: int) -> bytes:
+    digest = _chunk_digest_in_place(path, offset, CHUNK)
+    start_writeback(path, offset, CHUNK)  # the commit's fsync finds it (mostly) on disk
+    return digest
 
 
 def find_mismatches(root: Path, expected: dict[str, dict[str, int | str]], contents: bool = True) -> list[str]:

@@ -24,6 +24,7 @@ import psutil
 
 from .errors import EngineError, PreconditionError
 from .launcher import HOLDER
+from .pagefill import FillError, _fields, _varint
 from .procs import in_own_pidns, innermost_pid
 
 MIN_VERSION = (4, 2)
@@ -126,6 +127,30 @@ def dump_finished(workdir: Path) -> bool:
             return DUMP_DONE.encode() in f.read()
     except OSError:
         return False
+
+
+_STATS_MAGICS = (0x55105940, 0x57093306)  # CRIU's service-image magic, then its stats image's
+
+
+def dump_stats(workdir: Path) -> dict[str, float]:
+    """CRIU's own split of the dump it wrote in ``workdir`` (its ``stats-dump`` image, a protobuf
+    of microsecond counters): how long the tree was frozen, and of that how long its memory took
+    to collect and to write. Empty when there is none, or in a form this does not know: it only
+    informs."""
+    try:
+        data = (workdir / "stats-dump").read_bytes()
+        if struct.unpack_from("<II", data) != _STATS_MAGICS:
+            return {}
+        (size,) = struct.unpack_from("<I", data, 8)
+        key, i = _varint(data, 12)
+        length, i = _varint(data, i)
+        if key != (1 << 3 | 2) or i + length > 12 + size:  # field 1, a message: the dump's stats
+            return {}
+        fields = _fields(data[i:i + length])
+    except (OSError, struct.error, IndexError, FillError):
+        return {}
+    return {name: fields[n] / 1e6 for name, n in (("criu_frozen", 2), ("criu_memdump", 3), ("criu_memwrite", 4))
+            if n in fields}
 
 
 def at_work_in(dirs: list[Path]) -> list[int]:
