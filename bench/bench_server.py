@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -114,6 +115,7 @@ async def main(gb: float, json_out: str | None) -> None:
     print(json.dumps(result, indent=2))
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)  # its store holds the kernel's memory; kept (with the log) when the bench failed
 
 
 if __name__ == "__main__":

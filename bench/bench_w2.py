@@ -454,6 +454,9 @@ def main() -> None:
     print(json.dumps(result, indent=2, default=str))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))
+    shutil.rmtree(work, ignore_errors=True)  # the server's log; kept when the bench failed
+    if not args.store:
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def _s(v: float | None) -> str:

@@ -261,6 +261,11 @@ def test_doctor_reports_criu(criu_path, store_dir):
     assert checks["criu check"]["ok"]
     assert checks["userfaultfd"]["ok"] == Checkpointer(store_dir).criu.lazy_pages_supported
     assert "nvidia driver" in checks
+    balloons = [d for d in Path("/sys/bus/virtio/devices").glob("*") if (d / "device").read_text().strip() == "0x0005"]
+    reporting = any((d / "features").read_text()[5] == "1" for d in balloons)  # VIRTIO_BALLOON_F_REPORTING
+    assert ("freed memory" in checks) == reporting, checks.get("freed memory")
+    if reporting:
+        assert not checks["freed memory"]["ok"] and "free page reporting" in checks["freed memory"]["fix"]
 
 
 def test_missing_criu_is_a_clear_error(store_dir, tmp_path):

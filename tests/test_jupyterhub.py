@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import pwd
+import shutil
 import signal
 import stat
 import sys
@@ -35,13 +36,13 @@ EXPECTED = f"42 {sum(range(1_000_000)) * 3}"
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[tuple[H.Hub, H.Daemon]]:
+def world(request: pytest.FixtureRequest) -> Iterator[tuple[H.Hub, H.Daemon]]:
     users = {u: H.ensure_user(u) for u in (ALICE, BOB)}
     for pw in users.values():  # each run starts from an empty store
         store = Path(pw.pw_dir) / ".local/share/jupyter-gpucr"
         if store.exists():
-            import shutil
             shutil.rmtree(store)
+    failed_before = request.session.testsfailed
     opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
     root = Path(tempfile.mkdtemp(prefix="gpucr-hub-"))
     os.chmod(root, 0o755)
@@ -56,7 +57,10 @@ def world() -> Iterator[tuple[H.Hub, H.Daemon]]:
         daemon.stop()
         for path, mode in opened.items():
             os.chmod(path, mode)
-        print(f"logs kept in {root}")
+        if request.session.testsfailed > failed_before:  # the hub's, the daemon's and the servers' logs
+            print(f"logs kept in {root}")
+        else:  # it holds the users' checkpoints: 50 MB a run, and their memory
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def execute(hub: H.Hub, user: str, kernel_id: str, code: str) -> str:

@@ -11,6 +11,7 @@ import psutil
 from ..core import cuda, gpus
 from ..core.criu import NETWORK_LOCKS_MAX, Criu, network_locks_held
 from ..core.errors import GPUCRError
+from ..core.hostmemory import free_page_reporting
 from ..core.privileges import Check, check_privileges
 from ..core.store import Store
 from ..daemon.client import DaemonClient
@@ -89,6 +90,11 @@ def run_checks(store: Store | None = None, criu_path: str | None = None, daemon_
                         "" if free > 1 << 30 else "Free disk or set GPUCR_STORE to a larger disk."))
     avail = psutil.virtual_memory().available
     checks.append(Check("host memory", True, f"{avail >> 30} GiB available (GPU memory is staged here while suspending)"))
+    if free_page_reporting():
+        checks.append(Check("freed memory", False, "the hypervisor takes back the memory this VM frees (free page reporting)",
+                            "Suspends and restores write into such memory and can take several times as long after "
+                            "the machine was idle; turn the balloon's free page reporting off for steady times.",
+                            required=False))
     held = network_locks_held()
     if held is not None:
         room = held < NETWORK_LOCKS_MAX * 0.9

@@ -28,8 +28,7 @@ import psutil
 from .._version import __version__
 from . import cuda, gpus, hugepages, pagefill
 from .checksums import DigestWhileWriting, digest_tree
-from .criu import (LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks,
-                   dump_stats, explain_log)
+from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, dump_stats, explain_log
 from .errors import (
     BusyError,
     CheckpointDamagedError,

@@ -2,9 +2,10 @@
 
 CRIU restores anonymous memory by writing it page by page into fresh mappings, so a process that
 had its large arrays in 2 MiB pages (numpy advises them; THP "always" gives them to all) comes back
-in 4 KiB pages. That costs it TLB misses, and the next dump of it takes about twice as long on the
-CPU machine (about 512 times more page runs for CRIU to walk): measured in docs/benchmarks.md.
-After a restore, the dense regions the kernel would back with huge pages are collapsed again
+in 4 KiB pages. That costs its own work TLB misses: on the CPU machine a sum over a 1.7 GB array
+took 1.4x as long, a random gather 1.3x (``bench/bench_repeat.py``). The next dump is not slower
+for it (an earlier reading said so; that was the VM's host taking back freed memory, see
+``hostmemory``). After a restore, the dense regions the kernel would back with huge pages are collapsed again
 (``process_madvise(MADV_COLLAPSE)``, Linux 6.1+), in a background thread at the lowest CPU
 priority. Regions mostly unpopulated are left alone, so the process does not grow. Where the
 kernel cannot do it (older kernels, no CAP_SYS_NICE), nothing happens.
