@@ -94,6 +94,8 @@ class DigestWhileWriting:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._pool = ThreadPoolExecutor(_BESIDE_THE_DUMP, thread_name_prefix="gpucr-digest",
                                         initializer=_lowest_priority)
+        # Its own thread: handing a range to a busy disk can block, and the digests must not wait for that.
+        self._to_disk = ThreadPoolExecutor(1, thread_name_prefix="gpucr-writeback")
 
     def __enter__(self) -> DigestWhileWriting:
         self._thread.start()
@@ -104,6 +106,7 @@ class DigestWhileWriting:
         self._thread.join()
         if exc_type is not None:  # the dump failed: nothing will ask for the digests
             self._pool.shutdown(cancel_futures=True)
+            self._to_disk.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
@@ -111,12 +114,18 @@ class DigestWhileWriting:
                 chunks = self._chunks.setdefault(p, [])
                 size = p.stat().st_size
                 while not self._stop.is_set() and size >= (len(chunks) + 1) * CHUNK:
-                    chunks.append(self._pool.submit(_digest_and_hand_to_disk, p, len(chunks) * CHUNK))
+                    chunks.append(self._pool.submit(self._digest_and_hand_to_disk, p, len(chunks) * CHUNK))
+
+    def _digest_and_hand_to_disk(self, path: Path, offset: int) -> bytes:
+        digest = _chunk_digest_in_place(path, offset, CHUNK)
+        self._to_disk.submit(start_writeback, path, offset, CHUNK)  # the commit's fsync finds it (mostly) on disk
+        return digest
 
     def result(self) -> dict[str, dict[str, int | str]]:
         """Digests of every file below ``root``, like :func:`digest_tree`; call after the writer ended."""
         done = {p: [f.result() for f in chunks] for p, chunks in self._chunks.items()}
         self._pool.shutdown()
+        self._to_disk.shutdown(wait=False, cancel_futures=True)  # the commit's fsync writes what is left
         files = sorted(p for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
         return {str(p.relative_to(self.root)): {"size": p.stat().st_size, ALGORITHM: d}
                 for p, d in zip(files, _digests(files, done, _chunk_digest_in_place))}
@@ -125,12 +134,6 @@ class DigestWhileWriting:
 def _lowest_priority() -> None:
     """The dump must never wait for its own checksums."""
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-def _digest_and_hand_to_disk(path: Path, offset: int) -> bytes:
-    digest = _chunk_digest_in_place(path, offset, CHUNK)
-    start_writeback(path, offset, CHUNK)  # the commit's fsync finds it (mostly) on disk
-    return digest
 
 
 def find_mismatches(root: Path, expected: dict[str, dict[str, int | str]], contents: bool = True) -> list[str]:
