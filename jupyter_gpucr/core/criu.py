@@ -24,7 +24,7 @@ import psutil
 
 from .errors import EngineError, PreconditionError
 from .launcher import HOLDER
-from .pagefill import FillError, _fields, _varint
+from .pagefill import FillError, read_varint, varint_fields
 from .procs import in_own_pidns, innermost_pid
 
 MIN_VERSION = (4, 2)
@@ -142,11 +142,11 @@ def dump_stats(workdir: Path) -> dict[str, float]:
         if struct.unpack_from("<II", data) != _STATS_MAGICS:
             return {}
         (size,) = struct.unpack_from("<I", data, 8)
-        key, i = _varint(data, 12)
-        length, i = _varint(data, i)
+        key, i = read_varint(data, 12)
+        length, i = read_varint(data, i)
         if key != (1 << 3 | 2) or i + length > 12 + size:  # field 1, a message: the dump's stats
             return {}
-        fields = _fields(data[i:i + length])
+        fields = varint_fields(data[i:i + length])
     except (OSError, struct.error, IndexError, FillError):
         return {}
     return {name: fields[n] / 1e6 for name, n in (("criu_frozen", 2), ("criu_memdump", 3), ("criu_memwrite", 4))

@@ -86,7 +86,7 @@ LAYOUT_CHANGED = 3  # the exit status then (the checkpointer imports it from her
 
 # -- the images ------------------------------------------------------------------------------
 
-def _varint(b: bytes, i: int) -> tuple[int, int]:
+def read_varint(b: bytes, i: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         c = b[i]
@@ -97,14 +97,14 @@ def _varint(b: bytes, i: int) -> tuple[int, int]:
             return value, i
 
 
-def _fields(b: bytes) -> dict[int, int]:
-    """The varint fields of a protobuf message (all a pagemap entry has)."""
+def varint_fields(b: bytes) -> dict[int, int]:
+    """The varint fields of a protobuf message (all a pagemap entry has, and CRIU's dump stats)."""
     out, i = {}, 0
     while i < len(b):
-        key, i = _varint(b, i)
+        key, i = read_varint(b, i)
         if key & 7 != 0:
             raise FillError(f"unexpected protobuf wire type {key & 7} in a pagemap entry")
-        out[key >> 3], i = _varint(b, i)
+        out[key >> 3], i = read_varint(b, i)
     return out
 
 
@@ -136,7 +136,7 @@ def read_pagemap(images: str, pid: int) -> Pagemap:
     entries, i = [], 8
     while i < len(data):
         (size,) = struct.unpack_from("<I", data, i)
-        entries.append(_fields(data[i + 4:i + 4 + size]))
+        entries.append(varint_fields(data[i + 4:i + 4 + size]))
         i += 4 + size
     pm = Pagemap(os.path.join(images, f"pages-{entries[0][1]}.img"))
     offset = 0
