@@ -32,8 +32,6 @@ fi
 if [ -n "${W2_ROUNDS:-}" ]; then
     python3 bench/bench_w2.py --kind gpu --store /dev/shm/gpucr-w2 --rounds "$W2_ROUNDS" --json-out "$OUT/w2.json" ${W2_ARGS:-} \
         2>&1 | grep -v 'RLIMIT_NOFILE\|network-lock will be ignored' | tee "$OUT/w2.log"
-    # CRIU's logs of the checkpoints left (the dump's, timestamped), to see where a dump's time went
-    find /dev/shm/gpucr-w2 -name '*.log' -path '*-20*' -print0 | tar czf "$OUT/w2-criu-logs.tgz" --null -T - 2>/dev/null
     rm -rf /dev/shm/gpucr-w2
 fi
 # A second W2 run with other options (W2_AGAIN="--gap 3", say), beside the first.
