@@ -81,3 +81,23 @@ def test_checkpoint_from_another_driver_is_refused_and_kept(criu_path, store_dir
     assert "NVIDIA driver 999.99" in err.value.message and "The checkpoint is kept" in err.value.hint
     assert ckpt.path.is_dir() and cr.status("otherdriver")["state"] == "checkpointed"
     cr.remove("otherdriver")
+
+
+def test_offloaded_tensors_count_on_their_gpu_as_reported_or_by_their_folder(tmp_path):
+    """What a suspended kernel takes back itself after the driver's restore must fit beside it:
+    the offload's own report per GPU, or (a checkpoint from before that report) the folder's size
+    on the one GPU the kernel used."""
+    from jupyter_gpucr.core.store import Checkpoint
+    from jupyter_gpucr.server.engines import _offloaded_by_gpu
+
+    tensors = tmp_path / "gpu-tensors"
+    tensors.mkdir()
+    for i, n in enumerate((3 << 20, 5 << 20)):
+        (tensors / f"{i}.bin").write_bytes(b"\0" * n)
+    gpu = {"used": [used(0, 1)], "all": []}
+    reported = Checkpoint("k-1", tmp_path, {"gpu": gpu, "offload": {"bytes_by_gpu": {used(0, 1)["uuid"]: 6 * GIB}}})
+    assert _offloaded_by_gpu(reported, tensors) == {used(0, 1)["uuid"]: 6 * GIB}
+    older = Checkpoint("k-2", tmp_path, {"gpu": gpu, "offload": {"bytes": 8 << 20}})
+    assert _offloaded_by_gpu(older, tensors) == {used(0, 1)["uuid"]: 8 << 20}
+    two_gpus = Checkpoint("k-3", tmp_path, {"gpu": {"used": [used(0, 1), used(1, 1)], "all": []}, "offload": None})
+    assert _offloaded_by_gpu(two_gpus, tensors) == {}  # which GPU held what is unknown: nothing is guessed

@@ -25,7 +25,7 @@ from ..core.checkpointer import Checkpointer
 from ..core.checksums import digest_tree
 from ..core.errors import EngineError, GPUCRError, PreconditionError, PutBackError
 from ..core.privileges import check_privileges
-from ..core.store import Checkpoint
+from ..core.store import Checkpoint, dir_size
 from . import kernel_rpc
 from .provisioner import GPUCRProvisioner
 
@@ -180,7 +180,7 @@ def _offloaded_by_gpu(ckpt: Checkpoint, tensors: Path) -> dict[str, int]:
     used = ckpt.manifest.get("gpu", {}).get("used", [])
     if len(used) != 1:
         return {}
-    return {used[0]["uuid"]: sum(f.stat().st_size for f in tensors.iterdir() if f.is_file())}
+    return {used[0]["uuid"]: dir_size(tensors)}
 
 
 class SnapshotEngine(SuspendEngine):
