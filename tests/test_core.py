@@ -18,6 +18,7 @@ import pytest
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core.criu import dump_id, network_lock_tables
 from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineError
+from jupyter_gpucr.core.hostmemory import free_page_reporting
 from jupyter_gpucr.core.locks import exclusive
 from jupyter_gpucr.core.procs import tree
 
@@ -261,11 +262,24 @@ def test_doctor_reports_criu(criu_path, store_dir):
     assert checks["criu check"]["ok"]
     assert checks["userfaultfd"]["ok"] == Checkpointer(store_dir).criu.lazy_pages_supported
     assert "nvidia driver" in checks
-    balloons = [d for d in Path("/sys/bus/virtio/devices").glob("*") if (d / "device").read_text().strip() == "0x0005"]
-    reporting = any((d / "features").read_text()[5] == "1" for d in balloons)  # VIRTIO_BALLOON_F_REPORTING
+    reporting = bool(free_page_reporting())
     assert ("freed memory" in checks) == reporting, checks.get("freed memory")
     if reporting:
         assert not checks["freed memory"]["ok"] and "free page reporting" in checks["freed memory"]["fix"]
+
+
+@pytest.mark.parametrize("devices, expected", [
+    ({"virtio0": ("0x0002", "0" * 64)}, None),                            # a disk, no balloon
+    ({"virtio0": ("0x0002", "1" * 64), "virtio1": ("0x0005", "0110010" + "0" * 57)}, True),
+    ({"virtio3": ("0x0005", "0110000" + "0" * 57)}, False),             # a balloon without reporting
+])
+def test_free_page_reporting_is_read_from_the_balloons_features(tmp_path, devices, expected):
+    """Bit 5 of the features a virtio balloon negotiated (VIRTIO_BALLOON_F_REPORTING), as sysfs lists them."""
+    for name, (device, features) in devices.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "device").write_text(device + "\n")
+        (tmp_path / name / "features").write_text(features + "\n")
+    assert free_page_reporting(tmp_path) is expected
 
 
 def test_missing_criu_is_a_clear_error(store_dir, tmp_path):
