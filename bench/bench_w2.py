@@ -37,11 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import raw_path  # noqa: E402
 from bench_bandwidth import disk_bandwidth  # noqa: E402
+from cpu_watch import CpuWatch  # noqa: E402
 from w2_workload import GPU_FIDELITY_CELL, GPU_FIDELITY_SETUP, code  # noqa: E402
 
 from jupyter_gpucr.core import cuda, gpus  # noqa: E402
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
-from tests.pagecache import block_device_stat, bytes_written, evict, resident_fraction  # noqa: E402
+from tests.pagecache import block_device_stat, bytes_read, bytes_written, evict, resident_fraction  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -145,13 +146,15 @@ class GpuFreeWatch:
         return self.freed_after
 
 
-class DiskWriteWatch:
-    """Bytes the store's block device wrote over time (its sysfs ``stat``, every 20 ms): when the
-    disk started and stopped writing during a suspend, and how fast it went in between. None
-    where the store is not on a block device of its own (tmpfs, overlay)."""
+class DiskWatch:
+    """Bytes the store's block device wrote (or read) over time (its sysfs ``stat``, every 20 ms):
+    when the disk started and stopped during a suspend (a resume), how fast it went in between,
+    and how long it stood idle in between. None where the store is not on a block device of its
+    own (tmpfs, overlay)."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, reads: bool = False) -> None:
         self.stat = block_device_stat(store)
+        self.count = bytes_read if reads else bytes_written
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(self.stat,), daemon=True)
@@ -161,12 +164,12 @@ class DiskWriteWatch:
 
     def _run(self, stat: Path) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter() - self.t0, bytes_written(stat)))
+            self.samples.append((time.perf_counter() - self.t0, self.count(stat)))
             time.sleep(0.02)
 
     def stop(self) -> dict | None:
-        """Seconds from the request to the first write and to 50 / 90 / 100 % of what was written,
-        the bytes, and the rate from the first write to the last."""
+        """Seconds from the request to the first byte and to 50 / 90 / 100 % of them, the bytes,
+        the rate from the first to the last, and the 20 ms steps in between that moved nothing."""
         if self.stat is None:
             return None
         self._stop.set()
@@ -178,8 +181,10 @@ class DiskWriteWatch:
             return next(t for t, b in self.samples if b - base >= fraction * total)
 
         first, done = at(1e-4), at(1.0)
-        return {"bytes": total, "first_write_s": first, "half_s": at(0.5), "ninety_s": at(0.9), "done_s": done,
-                "gbs_while_writing": total / max(done - first, 1e-9) / 1e9}
+        steps = [(t1 - t0, b1 - b0) for (t0, b0), (t1, b1) in zip(self.samples, self.samples[1:]) if first < t1 <= done]
+        return {"bytes": total, "first_s": first, "half_s": at(0.5), "ninety_s": at(0.9), "done_s": done,
+                "gbs_while_busy": total / max(done - first, 1e-9) / 1e9,
+                "idle_s": round(sum(dt for dt, moved in steps if moved == 0), 3)}
 
 
 def kernel_tree(kernel_id: str) -> list[psutil.Process]:
@@ -189,6 +194,26 @@ def kernel_tree(kernel_id: str) -> list[psutil.Process]:
         if kernel_id in " ".join(p.info["cmdline"] or []):
             return [p, *p.children(recursive=True)]
     return []
+
+
+def kernel_main_pid(kernel_id: str) -> int | None:
+    """The kernel's own process: the deepest Python process under the holder's ``unshare``.
+    Found without reading the command line of any process but that ``unshare``: a lazily
+    restored kernel's would wait for its memory."""
+    for holder in psutil.process_iter(["name"]):
+        if holder.info["name"] == "unshare" and kernel_id in " ".join(holder.cmdline()):
+            below = holder.children(recursive=True)
+            parent = {p.pid: p.ppid() for p in below}
+            pythons = [p.pid for p in below if p.name().startswith("python")]
+            return max(pythons, key=lambda pid: _depth(pid, parent)) if pythons else None
+    return None
+
+
+def _depth(pid: int, parent: dict[int, int]) -> int:
+    n = 0
+    while pid in parent:
+        pid, n = parent[pid], n + 1
+    return n
 
 
 def kernel_huge_pages(kernel_id: str) -> int:
@@ -240,18 +265,22 @@ def drop_from_memory(store: Path) -> float:
 
 
 def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
-                 cells_before: int) -> tuple[list[dict], float, list[float], dict | None]:
+                 cells_before: int) -> tuple[list[dict], float, dict, dict | None]:
     setup, cell = code(kind)
     kid, ws = server.kernel("w2.ipynb")
     t0 = time.perf_counter()
     run_cell(ws, setup)
     reference = run_cell(ws, cell)
     cold_start = time.perf_counter() - t0
+    # what the CPUs did during each cell: is a slower cell after a restore short of CPU, or slower on it?
+    watch_cpu = CpuWatch(lambda: kernel_main_pid(kid))
     warm_before: list[float] = []  # the cell in the kernel as started, several times: how much it varies on this machine
+    cpu_before = []
     for _ in range(cells_before):
-        t0 = time.perf_counter()
-        run_cell(ws, cell)
+        t0, timing = time.perf_counter(), {}
+        run_cell(ws, cell, timing)
         warm_before.append(time.perf_counter() - t0)
+        cpu_before.append(watch_cpu.window(timing["started_at"], timing["replied_at"]))
     rows = []
     for i in range(rounds):
         # the user goes idle: background work after a cell or a restore has this long (the first
@@ -260,7 +289,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
         time.sleep(max(0.0, gap - 1.5))
         rss, huge_before = kernel_rss(kid), kernel_huge_pages(kid)
         watch = GpuFreeWatch() if kind == "gpu" else None
-        disk = DiskWriteWatch(server.store) if cold else None
+        disk = DiskWatch(server.store) if cold else None
         t0 = time.perf_counter()
         st = server.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
         suspend_s = time.perf_counter() - t0
@@ -268,9 +297,11 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
         disk_writes = disk.stop() if disk else None
         live = (st.get("trim") or {}).get("live_bytes", 0) + rss
         resident = drop_from_memory(server.store) if cold else None
+        reading = DiskWatch(server.store, reads=True) if cold else None
         t0, sent_at, first = time.perf_counter(), time.time(), {}
         digest = run_cell(ws, cell, first)
         resume_s = time.perf_counter() - t0
+        disk_reads = reading.stop() if reading else None
         restored = server.rest(f"api/gpucr/kernels/{kid}")
         # where the time outside the restore and the cell went (one clock: all on this machine)
         rt = restored["timings"]
@@ -280,9 +311,11 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
                  "engine_other": rt.get("engine_other", 0.0),
                  "restored_to_started": first["started_at"] - restored["restored_at"],
                  "replied_to_client": sent_at + resume_s - first["replied_at"]} if "started_at" in first else None
-        t0 = time.perf_counter()
-        warm_digest = run_cell(ws, cell)
+        t0, warm = time.perf_counter(), {}
+        warm_digest = run_cell(ws, cell, warm)
         warm_s = time.perf_counter() - t0
+        cpu = {"first_cell": watch_cpu.window(first["started_at"], first["replied_at"]) if "started_at" in first else None,
+               "warm_cell": watch_cpu.window(warm["started_at"], warm["replied_at"])}
         huge_after = kernel_huge_pages(kid)
         offloaded = ((st.get("trim") or {}).get("offload") or {}).get("bytes", 0)  # tensors written beside the image
         rows.append({"round": i + 1, "gpu_free_s": gpu_free, "suspend_s": suspend_s,
@@ -293,7 +326,8 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
                      "huge_pages_before": huge_before, "huge_pages_after": huge_after, "resident_before_resume": resident,
                      "lazy_restore": (server.store / "procs" / kid / ".pages").exists(),
                      "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store),
-                     "disk_writes": disk_writes, "idle_before_suspend": idle, "rest_split": split})
+                     "disk_writes": disk_writes, "disk_reads": disk_reads, "idle_before_suspend": idle, "rest_split": split, "cpu_during": cpu})
+    watch_cpu.stop()
     moved = None
     if kind == "gpu":
         try:
@@ -302,7 +336,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
             moved = {"error": str(e)[-2000:]}
     ws.close()
     server.rest(f"api/kernels/{kid}", "DELETE")
-    return rows, cold_start, warm_before, moved
+    return rows, cold_start, {"seconds": warm_before, "cpu_during": cpu_before}, moved
 
 
 def _page_daemon_log(store: Path) -> list[str]:
@@ -420,11 +454,11 @@ def main() -> None:
         print(fmt.format("raw", _s(raw["gpu_free_s"]), _s(raw["suspend_s"]), raw["image_bytes"] >> 20, "-",
                          _s(raw["resume_first_result_s"]), "-", raw["same_result"]))
     for r in rows:
-        if r["disk_writes"]:
-            w = r["disk_writes"]
-            print(f"round {r['round']}: the suspend's {w['bytes'] / 1e9:.2f} GB reached the disk from {w['first_write_s']:.2f} s "
-                  f"to {w['done_s']:.2f} s ({w['gbs_while_writing']:.2f} GB/s; half at {w['half_s']:.2f} s, 90 % at "
-                  f"{w['ninety_s']:.2f} s) of the {r['suspend_s']:.2f} s suspend")
+        for step, key, total in (("suspend", "disk_writes", "suspend_s"), ("resume", "disk_reads", "resume_first_result_s")):
+            if w := r[key]:
+                print(f"round {r['round']}: the {step}'s {w['bytes'] / 1e9:.2f} GB moved from {w['first_s']:.2f} s to "
+                      f"{w['done_s']:.2f} s ({w['gbs_while_busy']:.2f} GB/s, idle {w['idle_s']:.2f} s in between; half at "
+                      f"{w['half_s']:.2f} s, 90 % at {w['ninety_s']:.2f} s) of the {r[total]:.2f} s {step}")
     for r in rows:
         idle = r["idle_before_suspend"]
         print(f"round {r['round']}: the idle kernel before the suspend used {idle['cpu_s']:.2f} s of CPU in "
@@ -442,7 +476,13 @@ def main() -> None:
               + ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in split.items()) + ")")
     best = min(r["resume_first_result_s"] for r in rows)
     print(f"cold start (fresh kernel: setup + cell) {cold:.2f} s; cold start / resume {cold / best:.1f}x; "
-          f"the cell before any suspend {' / '.join(f'{t:.2f}' for t in warm_before)} s")
+          f"the cell before any suspend {' / '.join(f'{t:.2f}' for t in warm_before['seconds'])} s")
+    for label, window in [*((f"cell {i + 1} before any suspend", w) for i, w in enumerate(warm_before["cpu_during"])),
+                          *((f"round {r['round']}: {k.replace('_', ' ')}", w) for r in rows for k, w in r["cpu_during"].items())]:
+        if window:
+            print(f"{label}: {window['wall_s']:.2f} s (from {window['late_s']:.2f} s in), its main thread on a CPU {window['main_thread_cpu_s']:.2f} s "
+                  f"(preempted {window['main_thread_preempted']}x); other busy cores {window['other_busy_cores']}, "
+                  f"steal {window['steal_s']:.2f} s, iowait {window['iowait_s']:.2f} s; busiest {window['top']}")
     if moved:
         print(f"restored onto the {'other' if moved.get('other_gpu') else 'same'} GPU: {json.dumps(moved)}")
     if disk:
@@ -450,7 +490,7 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(), "cpus": os.cpu_count(),
               "kind": args.kind, "store": str(store), "restore": "eager" if args.eager else "lazy",
               "gpus": [g.name for g in gpus.list_gpus()], "driver": gpus.driver_version(),
-              "gap_s": args.gap, "rounds": rows, "raw": raw, "cold_start_s": cold, "warm_before_s": warm_before, "moved": moved, "disk": disk}
+              "gap_s": args.gap, "rounds": rows, "raw": raw, "cold_start_s": cold, "cells_before": warm_before, "moved": moved, "disk": disk}
     print(json.dumps(result, indent=2, default=str))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))

@@ -51,21 +51,19 @@ opt = torch.optim.AdamW(opt_model.parameters(), lr=1e-3)
 opt_model(torch.ones(8, 1024, device="cuda:0")).square().sum().backward(); opt.step()
 """
 GPU_FIDELITY_CELL = """
-import ctypes, json
+import json
+from gpucr_hooks.gpu_ids import device_uuid
 def _digest(tensors):
     h = hashlib.sha256()
     for t in tensors:
         h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
-_uuid = (ctypes.c_char * 16)()
-_cu = ctypes.CDLL("libcuda.so.1"); _dev = ctypes.c_int()
-_cu.cuDeviceGet(ctypes.byref(_dev), 0); _cu.cuDeviceGetUuid_v2(_uuid, _dev)
 print(json.dumps({
     "params": _digest(list(model.parameters())),
     "kv": _digest([t for layer in kv.layers for t in (layer.keys, layer.values)] if hasattr(kv, "layers") else [t for pair in kv for t in pair]),
     "optimizer": _digest([v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)] + list(opt_model.parameters())),
     "torch_uuid": str(torch.cuda.get_device_properties(0).uuid),
-    "driver_uuid": "GPU-" + str(__import__("uuid").UUID(bytes=bytes(_uuid))),
+    "driver_uuid": device_uuid(0),
 }))
 """
 

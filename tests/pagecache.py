@@ -60,3 +60,8 @@ def block_device_stat(path: Path) -> Path | None:
 def bytes_written(stat: Path) -> int:
     """What the device has written since boot (its write sectors)."""
     return int(stat.read_text().split()[6]) * 512
+
+
+def bytes_read(stat: Path) -> int:
+    """What the device has read since boot (its read sectors)."""
+    return int(stat.read_text().split()[2]) * 512

@@ -1,0 +1,99 @@
+"""What the machine's CPUs did while a cell ran: the W2 cell is launch-bound (its main thread spins
+on the CPU), so a cell that runs slower after a restore either got less CPU (other processes,
+the hypervisor's steal time, being preempted) or did the same work slower (the thread had all the
+CPU it asked for). ``CpuWatch`` samples every 100 ms; ``window`` sums a time span of the samples.
+The watched process is looked up at every sample (a restored kernel has a new PID).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+PERIOD = 0.1
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class _Sample:
+    at: float  # time.time(): the kernel's reply dates are on the same clock
+    system: Any  # psutil.cpu_times()
+    pid: int | None  # the watched process then
+    main_cpu: float  # the watched thread's user + system seconds
+    main_preempted: int  # its involuntary context switches
+    procs: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid: (name, CPU seconds)
+
+
+class CpuWatch:
+    """Samples the whole machine and one thread (the main thread of the process ``find_pid``
+    names) until ``stop``."""
+
+    def __init__(self, find_pid: Callable[[], int | None]) -> None:
+        self.find_pid = find_pid
+        self.pid: int | None = None
+        self.samples: list[_Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self._sample())
+            self._stop.wait(PERIOD)
+
+    def _sample(self) -> _Sample:
+        procs = {}
+        for p in psutil.process_iter(["name", "cpu_times"]):
+            times = p.info["cpu_times"]
+            if times is not None:
+                procs[p.pid] = (p.info["name"], times.user + times.system)
+        try:
+            self.pid = self.find_pid()
+        except psutil.Error:  # its tree changed while it was walked (a suspend, a restore)
+            self.pid = None
+        cpu, preempted = 0.0, 0
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+            with open(f"/proc/{self.pid}/task/{self.pid}/status") as f:
+                preempted = next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
+        except (OSError, StopIteration, IndexError, ValueError):
+            pass
+        return _Sample(time.time(), psutil.cpu_times(), self.pid, cpu, preempted, procs)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def window(self, start: float, end: float) -> dict | None:
+        """The span from the last sample before ``start`` to the first after ``end``: wall seconds,
+        the watched thread's CPU seconds and preemptions, the machine's busy cores outside that
+        thread, its steal and iowait seconds, and the three processes that used the most CPU.
+        A process restored just before ``start`` may be seen only some samples later: then the
+        span starts there (``late_s`` after ``start``). None if no sample of one process covers it."""
+        deadline = time.monotonic() + 5 * PERIOD
+        while self.samples[-1].at < end and time.monotonic() < deadline:  # the sample after it is due
+            time.sleep(PERIOD / 5)
+        b = next((s for s in self.samples if s.at >= end), None)
+        same = [s for s in self.samples if b is not None and b.pid is not None and s.pid == b.pid and s.at < end]
+        a = next((s for s in reversed(same) if s.at <= start), None) or (same[0] if same else None)
+        if a is None or b is None:
+            return None
+        wall = b.at - a.at
+        busy = sum(getattr(b.system, k) - getattr(a.system, k) for k in ("user", "system", "nice", "irq", "softirq"))
+        main = b.main_cpu - a.main_cpu
+        used = sorted(((cpu - a.procs.get(pid, (name, cpu))[1], name, pid) for pid, (name, cpu) in b.procs.items()),
+                      reverse=True)
+        return {"wall_s": round(wall, 3), "late_s": round(max(0.0, a.at - start), 3), "main_thread_cpu_s": round(main, 3),
+                "main_thread_preempted": b.main_preempted - a.main_preempted,
+                "other_busy_cores": round((busy - main) / wall, 2) if wall > 0 else None,
+                "steal_s": round(b.system.steal - a.system.steal, 3),
+                "iowait_s": round(b.system.iowait - a.system.iowait, 3),
+                "top": [(name, pid, round(cpu, 2)) for cpu, name, pid in used[:3]]}
+
