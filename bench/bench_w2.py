@@ -42,7 +42,7 @@ from w2_workload import GPU_FIDELITY_CELL, GPU_FIDELITY_SETUP, code  # noqa: E40
 
 from jupyter_gpucr.core import cuda, gpus  # noqa: E402
 from jupyter_gpucr.core.store import dir_size  # noqa: E402
-from tests.pagecache import block_device_stat, bytes_read, bytes_written, evict, resident_fraction  # noqa: E402
+from tests.pagecache import block_device_stat, device_counters, evict, resident_fraction  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -147,44 +147,52 @@ class GpuFreeWatch:
 
 
 class DiskWatch:
-    """Bytes the store's block device wrote (or read) over time (its sysfs ``stat``, every 20 ms):
-    when the disk started and stopped during a suspend (a resume), how fast it went in between,
-    and how long it stood idle in between. None where the store is not on a block device of its
-    own (tmpfs, overlay)."""
+    """The store's block device over time (its sysfs ``stat``, every 20 ms): when it started and
+    stopped writing (``reads``: reading) during a suspend (a resume), how fast it went in
+    between, how long it was busy then, and what it did in any span (``window``). None where the
+    store is not on a block device of its own (tmpfs, overlay)."""
 
     def __init__(self, store: Path, reads: bool = False) -> None:
         self.stat = block_device_stat(store)
-        self.count = bytes_read if reads else bytes_written
-        self.samples: list[tuple[float, int]] = []
+        self.key = "read" if reads else "written"
+        self.samples: list[tuple[float, dict[str, int]]] = []  # (time.time(), counters)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(self.stat,), daemon=True)
-        self.t0 = time.perf_counter()
         if self.stat is not None:
             self._thread.start()
 
     def _run(self, stat: Path) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter() - self.t0, self.count(stat)))
+            self.samples.append((time.time(), device_counters(stat)))
             time.sleep(0.02)
 
     def stop(self) -> dict | None:
-        """Seconds from the request to the first byte and to 50 / 90 / 100 % of them, the bytes,
-        the rate from the first to the last, and the 20 ms steps in between that moved nothing."""
+        """Seconds from the start to the first byte and to 50 / 90 / 100 % of them, the bytes, the
+        rate from the first to the last, and the seconds the disk was busy in between."""
         if self.stat is None:
             return None
         self._stop.set()
         self._thread.join()
-        (_, base), (_, last) = self.samples[0], self.samples[-1]
-        total = last - base
+        (t0, base), (_, last) = self.samples[0], self.samples[-1]
+        total = last[self.key] - base[self.key]
 
-        def at(fraction: float) -> float:
-            return next(t for t, b in self.samples if b - base >= fraction * total)
+        def at(fraction: float) -> tuple[float, dict[str, int]]:
+            return next((t - t0, c) for t, c in self.samples if c[self.key] - base[self.key] >= fraction * total)
 
-        first, done = at(1e-4), at(1.0)
-        steps = [(t1 - t0, b1 - b0) for (t0, b0), (t1, b1) in zip(self.samples, self.samples[1:]) if first < t1 <= done]
-        return {"bytes": total, "first_s": first, "half_s": at(0.5), "ninety_s": at(0.9), "done_s": done,
+        (first, c_first), (done, c_done) = at(1e-4), at(1.0)
+        return {"bytes": total, "first_s": first, "half_s": at(0.5)[0], "ninety_s": at(0.9)[0], "done_s": done,
                 "gbs_while_busy": total / max(done - first, 1e-9) / 1e9,
-                "idle_s": round(sum(dt for dt, moved in steps if moved == 0), 3)}
+                "busy_s": (c_done["busy_ms"] - c_first["busy_ms"]) / 1000}
+
+    def window(self, start: float, end: float) -> dict | None:
+        """What the disk did from ``start`` to ``end`` (time.time()): bytes read, written and
+        discarded, and the seconds it was busy."""
+        inside = [c for t, c in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return None
+        a, b = inside[0], inside[-1]
+        return {"read": b["read"] - a["read"], "written": b["written"] - a["written"],
+                "discarded": b["discarded"] - a["discarded"], "busy_s": (b["busy_ms"] - a["busy_ms"]) / 1000}
 
 
 def kernel_tree(kernel_id: str) -> list[psutil.Process]:
@@ -302,6 +310,8 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
         digest = run_cell(ws, cell, first)
         resume_s = time.perf_counter() - t0
         disk_reads = reading.stop() if reading else None
+        if disk_reads and "started_at" in first:  # the disk while the first cell ran
+            disk_reads["during_cell"] = reading.window(first["started_at"], first["replied_at"])
         restored = server.rest(f"api/gpucr/kernels/{kid}")
         # where the time outside the restore and the cell went (one clock: all on this machine)
         rt = restored["timings"]
@@ -457,8 +467,11 @@ def main() -> None:
         for step, key, total in (("suspend", "disk_writes", "suspend_s"), ("resume", "disk_reads", "resume_first_result_s")):
             if w := r[key]:
                 print(f"round {r['round']}: the {step}'s {w['bytes'] / 1e9:.2f} GB moved from {w['first_s']:.2f} s to "
-                      f"{w['done_s']:.2f} s ({w['gbs_while_busy']:.2f} GB/s, idle {w['idle_s']:.2f} s in between; half at "
+                      f"{w['done_s']:.2f} s ({w['gbs_while_busy']:.2f} GB/s, busy {w['busy_s']:.2f} s in between; half at "
                       f"{w['half_s']:.2f} s, 90 % at {w['ninety_s']:.2f} s) of the {r[total]:.2f} s {step}")
+            if w and (c := w.get("during_cell")):
+                print(f"round {r['round']}: during the first cell the disk read {c['read'] / 1e6:.0f} MB, wrote "
+                      f"{c['written'] / 1e6:.0f} MB, discarded {c['discarded'] / 1e6:.0f} MB, busy {c['busy_s']:.2f} s")
     for r in rows:
         idle = r["idle_before_suspend"]
         print(f"round {r['round']}: the idle kernel before the suspend used {idle['cpu_s']:.2f} s of CPU in "

@@ -57,11 +57,8 @@ def block_device_stat(path: Path) -> Path | None:
     return stat if stat.exists() else None
 
 
-def bytes_written(stat: Path) -> int:
-    """What the device has written since boot (its write sectors)."""
-    return int(stat.read_text().split()[6]) * 512
-
-
-def bytes_read(stat: Path) -> int:
-    """What the device has read since boot (its read sectors)."""
-    return int(stat.read_text().split()[2]) * 512
+def device_counters(stat: Path) -> dict[str, int]:
+    """The device's counters since boot (Documentation/block/stat.rst): bytes read, written and
+    discarded, and milliseconds it had I/O in flight."""
+    f = [int(x) for x in stat.read_text().split()]
+    return {"read": f[2] * 512, "written": f[6] * 512, "busy_ms": f[9], "discarded": f[13] * 512 if len(f) > 13 else 0}

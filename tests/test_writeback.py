@@ -13,23 +13,23 @@ import pytest
 from jupyter_gpucr.core import writeback
 from jupyter_gpucr.core.writeback import WritebackWhileWriting
 
-from .pagecache import block_device_stat, bytes_written
+from .pagecache import block_device_stat, device_counters
 
 MIB = 1 << 20
 
 
 def _append_and_wait(folder: Path, stat: Path, total: int) -> int:
     """Append ``total`` bytes in 8 MiB writes, then give the disk up to 3 s; what it wrote."""
-    before = bytes_written(stat)
+    before = device_counters(stat)["written"]
     with open(folder / "0.bin", "wb") as f:
         for _ in range(total // (8 * MIB)):
             f.write(os.urandom(8 * MIB))
             f.flush()
             time.sleep(0.02)
     deadline = time.monotonic() + 3
-    while bytes_written(stat) - before < total * 0.9 and time.monotonic() < deadline:
+    while device_counters(stat)["written"] - before < total * 0.9 and time.monotonic() < deadline:
         time.sleep(0.05)
-    return bytes_written(stat) - before
+    return device_counters(stat)["written"] - before
 
 
 @pytest.fixture
