@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import raw_path  # noqa: E402
 from bench_bandwidth import disk_bandwidth  # noqa: E402
-from cpu_watch import CpuWatch  # noqa: E402
+from cell_watch import CellWatch  # noqa: E402
 from w2_workload import GPU_FIDELITY_CELL, GPU_FIDELITY_SETUP, code  # noqa: E402
 
 from jupyter_gpucr.core import cuda, gpus  # noqa: E402
@@ -281,14 +281,14 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
     reference = run_cell(ws, cell)
     cold_start = time.perf_counter() - t0
     # what the CPUs did during each cell: is a slower cell after a restore short of CPU, or slower on it?
-    watch_cpu = CpuWatch(lambda: kernel_main_pid(kid))
+    watch_cells = CellWatch(lambda: kernel_main_pid(kid))
     warm_before: list[float] = []  # the cell in the kernel as started, several times: how much it varies on this machine
     cpu_before = []
     for _ in range(cells_before):
         t0, timing = time.perf_counter(), {}
         run_cell(ws, cell, timing)
         warm_before.append(time.perf_counter() - t0)
-        cpu_before.append(watch_cpu.window(timing["started_at"], timing["replied_at"]))
+        cpu_before.append(watch_cells.window(timing["started_at"], timing["replied_at"]))
     rows = []
     for i in range(rounds):
         # the user goes idle: background work after a cell or a restore has this long (the first
@@ -324,8 +324,8 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
         t0, warm = time.perf_counter(), {}
         warm_digest = run_cell(ws, cell, warm)
         warm_s = time.perf_counter() - t0
-        cpu = {"first_cell": watch_cpu.window(first["started_at"], first["replied_at"]) if "started_at" in first else None,
-               "warm_cell": watch_cpu.window(warm["started_at"], warm["replied_at"])}
+        cpu = {"first_cell": watch_cells.window(first["started_at"], first["replied_at"]) if "started_at" in first else None,
+               "warm_cell": watch_cells.window(warm["started_at"], warm["replied_at"])}
         huge_after = kernel_huge_pages(kid)
         offloaded = ((st.get("trim") or {}).get("offload") or {}).get("bytes", 0)  # tensors written beside the image
         rows.append({"round": i + 1, "gpu_free_s": gpu_free, "suspend_s": suspend_s,
@@ -337,7 +337,7 @@ def gpucr_rounds(server: Server, kind: str, rounds: int, cold: bool, gap: float,
                      "lazy_restore": (server.store / "procs" / kid / ".pages").exists(),
                      "restore_timings": restored["timings"], "page_daemon_log": _page_daemon_log(server.store),
                      "disk_writes": disk_writes, "disk_reads": disk_reads, "idle_before_suspend": idle, "rest_split": split, "cpu_during": cpu})
-    watch_cpu.stop()
+    watch_cells.stop()
     moved = None
     if kind == "gpu":
         try:
@@ -495,7 +495,9 @@ def main() -> None:
         if window:
             print(f"{label}: {window['wall_s']:.2f} s (from {window['late_s']:.2f} s in), its main thread on a CPU {window['main_thread_cpu_s']:.2f} s "
                   f"(preempted {window['main_thread_preempted']}x); other busy cores {window['other_busy_cores']}, "
-                  f"steal {window['steal_s']:.2f} s, iowait {window['iowait_s']:.2f} s; busiest {window['top']}")
+                  f"steal {window['steal_s']:.2f} s, iowait {window['iowait_s']:.2f} s; busiest {window['top']}"
+                  + (f"; GPU {window['gpu_util_pct']} % busy, SM clock {window['sm_mhz_min']}-{window['sm_mhz_mean']} MHz "
+                     "(lowest-mean)" if "gpu_util_pct" in window else ""))
     if moved:
         print(f"restored onto the {'other' if moved.get('other_gpu') else 'same'} GPU: {json.dumps(moved)}")
     if disk:

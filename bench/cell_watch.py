@@ -1,7 +1,8 @@
-"""What the machine's CPUs did while a cell ran: the W2 cell is launch-bound (its main thread spins
-on the CPU), so a cell that runs slower after a restore either got less CPU (other processes,
-the hypervisor's steal time, being preempted) or did the same work slower (the thread had all the
-CPU it asked for). ``CpuWatch`` samples every 100 ms; ``window`` sums a time span of the samples.
+"""What the machine's CPUs and GPU 0 did while a cell ran. The W2 cell's main thread is on a CPU
+all the time (launching kernels, or spinning while it waits for the GPU), so a cell that runs
+slower after a restore either got less CPU (other processes, the hypervisor's steal time, being
+preempted), or waited for a GPU that was busy or clocked down (its utilization and SM clock), or
+did the same work slower on the CPU. ``CellWatch`` samples every 100 ms; ``window`` sums a span.
 The watched process is looked up at every sample (a restored kernel has a new PID).
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import psutil
 
+from jupyter_gpucr.core import gpus
+
 PERIOD = 0.1
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -26,19 +29,21 @@ class _Sample:
     pid: int | None  # the watched process then
     main_cpu: float  # the watched thread's user + system seconds
     main_preempted: int  # its involuntary context switches
+    gpu: tuple[int, int] | None  # GPU 0's utilization (%) and SM clock (MHz), where NVML answers
     procs: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid: (name, CPU seconds)
 
 
-class CpuWatch:
-    """Samples the whole machine and one thread (the main thread of the process ``find_pid``
-    names) until ``stop``."""
+class CellWatch:
+    """Samples the whole machine, GPU 0 and one thread (the main thread of the process
+    ``find_pid`` names) until ``stop``."""
 
     def __init__(self, find_pid: Callable[[], int | None]) -> None:
         self.find_pid = find_pid
         self.pid: int | None = None
         self.samples: list[_Sample] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-watch", daemon=True)
+        self._gpu = gpus.pynvml.nvmlDeviceGetHandleByIndex(0) if gpus.nvml_ready() and gpus.list_gpus() else None
+        self._thread = threading.Thread(target=self._run, name="cell-watch", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -65,7 +70,17 @@ class CpuWatch:
                 preempted = next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
         except (OSError, StopIteration, IndexError, ValueError):
             pass
-        return _Sample(time.time(), psutil.cpu_times(), self.pid, cpu, preempted, procs)
+        return _Sample(time.time(), psutil.cpu_times(), self.pid, cpu, preempted, self._gpu_now(), procs)
+
+    def _gpu_now(self) -> tuple[int, int] | None:
+        if self._gpu is None:
+            return None
+        nvml = gpus.pynvml
+        try:
+            return (nvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu,
+                    nvml.nvmlDeviceGetClockInfo(self._gpu, nvml.NVML_CLOCK_SM))
+        except nvml.NVMLError:
+            return None
 
     def stop(self) -> None:
         self._stop.set()
@@ -74,7 +89,8 @@ class CpuWatch:
     def window(self, start: float, end: float) -> dict | None:
         """The span from the last sample before ``start`` to the first after ``end``: wall seconds,
         the watched thread's CPU seconds and preemptions, the machine's busy cores outside that
-        thread, its steal and iowait seconds, and the three processes that used the most CPU.
+        thread, its steal and iowait seconds, the three processes that used the most CPU, and
+        GPU 0's mean utilization and lowest and mean SM clock.
         A process restored just before ``start`` may be seen only some samples later: then the
         span starts there (``late_s`` after ``start``). None if no sample of one process covers it."""
         deadline = time.monotonic() + 5 * PERIOD
@@ -95,5 +111,13 @@ class CpuWatch:
                 "other_busy_cores": round((busy - main) / wall, 2) if wall > 0 else None,
                 "steal_s": round(b.system.steal - a.system.steal, 3),
                 "iowait_s": round(b.system.iowait - a.system.iowait, 3),
-                "top": [(name, pid, round(cpu, 2)) for cpu, name, pid in used[:3]]}
+                "top": [(name, pid, round(cpu, 2)) for cpu, name, pid in used[:3]], **_gpu_summary(self.samples, a, b)}
+
+
+def _gpu_summary(samples: list[_Sample], a: _Sample, b: _Sample) -> dict[str, float]:
+    seen = [s.gpu for s in samples if a.at < s.at <= b.at and s.gpu is not None]
+    if not seen:
+        return {}
+    return {"gpu_util_pct": round(sum(u for u, _ in seen) / len(seen)),
+            "sm_mhz_min": min(c for _, c in seen), "sm_mhz_mean": round(sum(c for _, c in seen) / len(seen))}
 
