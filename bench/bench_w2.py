@@ -494,7 +494,8 @@ def main() -> None:
                           *((f"round {r['round']}: {k.replace('_', ' ')}", w) for r in rows for k, w in r["cpu_during"].items())]:
         if window:
             print(f"{label}: {window['wall_s']:.2f} s (from {window['late_s']:.2f} s in), its main thread on a CPU {window['main_thread_cpu_s']:.2f} s "
-                  f"(preempted {window['main_thread_preempted']}x); other busy cores {window['other_busy_cores']}, "
+                  f"(preempted {window['main_thread_preempted']}x, page faults minor / major {window['main_thread_faults']}); "
+                  f"other busy cores {window['other_busy_cores']}, "
                   f"steal {window['steal_s']:.2f} s, iowait {window['iowait_s']:.2f} s; busiest {window['top']}"
                   + (f"; GPU {window['gpu_util_pct']} % busy, SM clock {window['sm_mhz_min']}-{window['sm_mhz_mean']} MHz "
                      "(lowest-mean)" if "gpu_util_pct" in window else ""))

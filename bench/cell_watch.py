@@ -29,6 +29,7 @@ class _Sample:
     pid: int | None  # the watched process then
     main_cpu: float  # the watched thread's user + system seconds
     main_preempted: int  # its involuntary context switches
+    main_faults: tuple[int, int]  # its minor and major page faults
     gpu: tuple[int, int] | None  # GPU 0's utilization (%) and SM clock (MHz), where NVML answers
     procs: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid: (name, CPU seconds)
 
@@ -61,16 +62,17 @@ class CellWatch:
             self.pid = self.find_pid()
         except psutil.Error:  # its tree changed while it was walked (a suspend, a restore)
             self.pid = None
-        cpu, preempted = 0.0, 0
+        cpu, preempted, faults = 0.0, 0, (0, 0)
         try:
             with open(f"/proc/{self.pid}/task/{self.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             cpu = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+            faults = (int(fields[7]), int(fields[9]))  # minflt, majflt
             with open(f"/proc/{self.pid}/task/{self.pid}/status") as f:
                 preempted = next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
         except (OSError, StopIteration, IndexError, ValueError):
             pass
-        return _Sample(time.time(), psutil.cpu_times(), self.pid, cpu, preempted, self._gpu_now(), procs)
+        return _Sample(time.time(), psutil.cpu_times(), self.pid, cpu, preempted, faults, self._gpu_now(), procs)
 
     def _gpu_now(self) -> tuple[int, int] | None:
         if self._gpu is None:
@@ -88,7 +90,7 @@ class CellWatch:
 
     def window(self, start: float, end: float) -> dict | None:
         """The span from the last sample before ``start`` to the first after ``end``: wall seconds,
-        the watched thread's CPU seconds and preemptions, the machine's busy cores outside that
+        the watched thread's CPU seconds, preemptions and page faults, the machine's busy cores outside that
         thread, its steal and iowait seconds, the three processes that used the most CPU, and
         GPU 0's mean utilization and lowest and mean SM clock.
         A process restored just before ``start`` may be seen only some samples later: then the
@@ -108,6 +110,7 @@ class CellWatch:
                       reverse=True)
         return {"wall_s": round(wall, 3), "late_s": round(max(0.0, a.at - start), 3), "main_thread_cpu_s": round(main, 3),
                 "main_thread_preempted": b.main_preempted - a.main_preempted,
+                "main_thread_faults": (b.main_faults[0] - a.main_faults[0], b.main_faults[1] - a.main_faults[1]),
                 "other_busy_cores": round((busy - main) / wall, 2) if wall > 0 else None,
                 "steal_s": round(b.system.steal - a.system.steal, 3),
                 "iowait_s": round(b.system.iowait - a.system.iowait, 3),
