@@ -10,7 +10,9 @@ then the same cell warm; the cell's digest must equal the first one. One more ro
 the other GPU (with one GPU: the same one) and compares tokens, parameters, KV cache and an
 optimizer's state bit for bit, and which GPU the process believes it is on. Then a cold start (a fresh kernel:
 setup + cell), and the raw path: the same workload in a plain process, driver lock + checkpoint +
-``criu dump``, ``criu restore`` + driver restore + unlock, then the cell. Prints a table and JSON.
+``criu dump``, ``criu restore`` + driver restore + unlock, then the cell. Prints a table and JSON,
+with what the CPUs and GPU 0 did during each cell (``cell_watch``) and, with ``--cold``, what the
+store's disk did during each suspend and resume.
 """
 from __future__ import annotations
 
