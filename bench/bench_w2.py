@@ -198,25 +198,34 @@ class DiskWatch:
 
 
 def kernel_tree(kernel_id: str) -> list[psutil.Process]:
-    """The kernel's process tree: its holder's command line names the kernel (a namespace holder
-    may lead it)."""
-    for p in psutil.process_iter(["cmdline"]):
-        if kernel_id in " ".join(p.info["cmdline"] or []):
-            return [p, *p.children(recursive=True)]
-    return []
+    """The kernel's process tree: its namespace holder and what runs under it, else (a kernel
+    without one) the process whose command line names the kernel and its children."""
+    root = kernel_holder(kernel_id) or next(
+        (p for p in psutil.process_iter(["cmdline"]) if kernel_id in " ".join(p.info["cmdline"] or [])), None)
+    return [root, *root.children(recursive=True)] if root else []
+
+
+def kernel_holder(kernel_id: str) -> psutil.Process | None:
+    """The ``unshare`` that holds the kernel's namespace. Found by name before any command line
+    is read: a lazily restored kernel's would wait for its memory."""
+    for p in psutil.process_iter(["name"]):
+        try:
+            if p.info["name"] == "unshare" and kernel_id in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:  # one that ended meanwhile (an earlier holder, after a suspend)
+            continue
+    return None
 
 
 def kernel_main_pid(kernel_id: str) -> int | None:
-    """The kernel's own process: the deepest Python process under the holder's ``unshare``.
-    Found without reading the command line of any process but that ``unshare``: a lazily
-    restored kernel's would wait for its memory."""
-    for holder in psutil.process_iter(["name"]):
-        if holder.info["name"] == "unshare" and kernel_id in " ".join(holder.cmdline()):
-            below = holder.children(recursive=True)
-            parent = {p.pid: p.ppid() for p in below}
-            pythons = [p.pid for p in below if p.name().startswith("python")]
-            return max(pythons, key=lambda pid: _depth(pid, parent)) if pythons else None
-    return None
+    """The kernel's own process: the deepest Python process under its holder."""
+    holder = kernel_holder(kernel_id)
+    if holder is None:
+        return None
+    below = holder.children(recursive=True)
+    parent = {p.pid: p.ppid() for p in below}
+    pythons = [p.pid for p in below if p.name().startswith("python")]
+    return max(pythons, key=lambda pid: _depth(pid, parent)) if pythons else None
 
 
 def _depth(pid: int, parent: dict[int, int]) -> int:
