@@ -75,3 +75,10 @@ class PutBackError(EngineError):
     def __init__(self, message: str, hint: str, started: object) -> None:
         super().__init__(message, hint)
         self.started = started
+
+
+class AccessRefusedError(GPUCRError):
+    """Restoring would give a process more than its owner may have (a file they may not open,
+    credentials they do not hold); nothing was started and the checkpoint is kept."""
+
+    status = 403

@@ -4,13 +4,18 @@ CRIU reads every task's rlimits with prlimit(), which the kernel allows across u
 CAP_SYS_RESOURCE; containers often drop it from the bounding set (this CI machine does), and the
 dump of another user's process then fails with ``Can't get rlimit 0``. Run as the owner (same real
 uid and gid) with the capabilities CRIU needs kept as ambient capabilities and ``--unprivileged``,
-it dumps; the owner cannot trace or change that CRIU (it holds capabilities the owner lacks). Every
-other command, and every dump where root has CAP_SYS_RESOURCE, runs CRIU unchanged. A plain script
-(``python -I -S``), installed by the daemon as its criu binary.
+it dumps. The owner cannot trace that CRIU (it holds capabilities the owner lacks) but can signal
+it: this script stays its parent, as root, and ends a dump whose CRIU was stopped or killed, so that
+the daemon's request fails at once with the reason instead of hanging. Every other command, and every
+dump where root has CAP_SYS_RESOURCE, runs CRIU unchanged, but dumps never make link remaps: CRIU would
+link a deleted file into a folder of the user's as root, and the user could have swapped that folder
+for a link to any other (the daemon refuses to checkpoint deleted files instead).
+A plain script (``python -I -S``), installed by the daemon as its criu binary.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 CAP_SYS_RESOURCE = 24
@@ -24,15 +29,36 @@ def _status(pid: str) -> dict[str, list[str]]:
 
 
 def main(criu: str, args: list[str]) -> None:
+    if args[:1] == ["dump"]:
+        args = [a for a in args if a != "--link-remap"]
     own = _status("self")
     if args[:1] == ["dump"] and "-t" in args and not int(own["CapEff"][0], 16) & (1 << CAP_SYS_RESOURCE):
         target = _status(args[args.index("-t") + 1])
         uid, gid = target["Uid"][0], target["Gid"][0]
         if target["Uid"] == [uid] * 4 and target["Gid"] == [gid] * 4 and uid != "0":
             caps = ",".join(f"+{c}" for c in CAPS)
-            os.execvp("setpriv", ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", f"--inh-caps={caps}",
-                                  f"--ambient-caps={caps}", "--", criu, "dump", "--unprivileged", *args[1:]])
+            sys.exit(_run_as_owner(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", f"--inh-caps={caps}",
+                                    f"--ambient-caps={caps}", "--", criu, "dump", "--unprivileged", *args[1:]]))
     os.execv(criu, [criu, *args])
+
+
+def _run_as_owner(argv: list[str]) -> int:
+    """Run a CRIU that its owner can signal; a stop or a kill ends the dump with a reason."""
+    pid = os.spawnvp(os.P_NOWAIT, argv[0], argv)
+    while True:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        if os.WIFSTOPPED(status):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            print("Error (gpucr): CRIU, which dumps as the process's owner, was stopped by a signal "
+                  f"({signal.Signals(os.WSTOPSIG(status)).name}); the dump was abandoned.", file=sys.stderr)
+            return 1
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            print(f"Error (gpucr): CRIU, which dumps as the process's owner, was killed by {signal.Signals(-code).name}; "
+                  "the dump was abandoned.", file=sys.stderr)
+            return 1
+        return code
 
 
 if __name__ == "__main__":
