@@ -15,6 +15,11 @@ runs. Around a suspend it goes through three modes:
   queue is delivered in order. A failed restore answers each queued request with an error
   reply naming the reason.
 
+A connection that opens while a suspend runs starts out holding and dormant, as if it had been
+open when the suspend began: a live one would wait for a kernel that is about to be frozen (or
+is), and jupyter_server reads nothing from a websocket until its nudge of the kernel has been
+answered. A suspend that begins while a connection is still being opened ends that nudge.
+
 During a restore the client is told ``busy``, never ``restarting``: JupyterLab answers
 ``restarting`` by disposing of every pending request (services/src/kernel/default.ts), which
 would drop the very cell that asked for the restore.
@@ -73,6 +78,7 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     _live: _TrackedChannels | None = None
     _holding = False
     _waking: asyncio.Task[None] | None = None
+    _connecting: asyncio.Future[None] | None = None  # the live connection's nudge, while it runs
     _closed = False
 
     def __init__(self, **kwargs: Any) -> None:
@@ -98,16 +104,19 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
 
     async def prepare(self) -> None:
         self.multi_kernel_manager.register_connection(self.kernel_id, self)
-        if self._on_disk():
+        if self.multi_kernel_manager.lifecycle.is_suspending(self.kernel_id):
+            self.hold()  # as the connections open when the suspend began
+        if self._holding or self._on_disk():
             self.session.key = self.kernel_manager.session.key
-            self.suspender.prefetch(self.kernel_id)  # the user may be back soon; never a restore
+            if self._on_disk():
+                self.suspender.prefetch(self.kernel_id)  # the user may be back soon; never a restore
             return
         self._live = self._new_live()
         await self._live.prepare()
 
     def connect(self) -> Any:
         if self._live is not None:
-            return self._live.connect()
+            return asyncio.ensure_future(self._connect_live(self._live))
         self.multi_kernel_manager.notify_connect(self.kernel_id)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -122,11 +131,23 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         else:
             self.multi_kernel_manager.notify_disconnect(self.kernel_id)
 
+    async def _connect_live(self, live: _TrackedChannels) -> None:
+        """Until the live connection is up, or a suspend that began meanwhile put this one to
+        sleep (:meth:`sleep` ends the nudge): the websocket then stays open, dormant."""
+        connected = live.connect()
+        if connected is None:
+            return
+        self._connecting = connected
+        try:
+            await connected
+        finally:
+            self._connecting = None
+
     def handle_incoming_message(self, incoming_msg: Any) -> None:
         if self._live is not None and not self._holding:
             return self._live.handle_incoming_message(incoming_msg)
         self._queue.append(incoming_msg)
-        if self._live is None and self._waking is None and self._on_disk():
+        if self._live is None and not self._holding and self._waking is None:
             self._answer_queue()
 
     def handle_outgoing_message(self, stream: str, outgoing_msg: list[Any]) -> None:
@@ -147,6 +168,8 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         self._in_flight.clear()
         if live is None:
             return
+        if self._connecting is not None:  # the kernel will not answer the nudge before it runs again
+            self._connecting.cancel()
         self._send({"execution_state": "idle"}, "status", "iopub", None)
         # The dormant connection still counts as a connection; live.disconnect() takes one off.
         self.multi_kernel_manager.notify_connect(self.kernel_id)
@@ -191,7 +214,13 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
 
     def _answer_queue(self) -> None:
         """Answer what a suspended kernel can answer; the first request that needs the kernel
-        restores it, and everything from there on waits for the restore in order."""
+        restores it, and everything from there on waits for the restore in order. A kernel that
+        runs again (restored while this connection was being opened) takes the queue at once."""
+        if not self._queue:
+            return
+        if not self._on_disk():
+            self._waking = asyncio.ensure_future(self._catch_up())
+            return
         saved = self.suspender.saved_for(self.kernel_id)
         restore_on = set(self.suspender.options.restore_on)
         while self._queue:
@@ -227,6 +256,14 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             self._fail_queue(GPUCRError(f"Restoring the kernel failed: {e}", "The checkpoint is kept; try again."))
         else:
             await self.wake()  # the restore woke every connection already; this one for sure
+        finally:
+            self._waking = None
+
+    async def _catch_up(self) -> None:
+        try:
+            await self.wake()
+        except Exception as e:  # the kernel stopped meanwhile: the restarter or a suspend takes it from here
+            self.log.warning("gpucr: a connection to kernel %s could not be woken: %s", self.kernel_id, e)
         finally:
             self._waking = None
 
