@@ -430,8 +430,13 @@ class KernelSuspender:
     def prefetch(self, kernel_id: str) -> None:
         """A client opened a suspended kernel (its notebook, or a reconnect): read its checkpoint
         into the page cache in the background, so that a restore that follows reads memory, not
-        disk. Never restores; once per checkpoint."""
-        ckpt = self.store.latest(kernel_id) if self.options.prefetch_on_open else None
+        disk. Never restores, never fails the client (a damaged checkpoint says so to whatever
+        restores it); once per checkpoint."""
+        try:
+            ckpt = self.store.latest(kernel_id) if self.options.prefetch_on_open else None
+        except Exception as e:  # damaged, or the store unreadable: only the read-ahead is lost
+            self.log.warning("gpucr: the checkpoint of kernel %s was not read ahead: %s", kernel_id, e)
+            return
         if ckpt is None or self._prefetched.get(kernel_id) == ckpt.id:
             return
         self._prefetched[kernel_id] = ckpt.id
