@@ -87,11 +87,15 @@ def _pythonpath() -> dict[str, str]:
     return {k: os.environ[k] for k in ("PYTHONPATH", "GPUCR_CRIU") if os.environ.get(k)}
 
 
+def user_env(user: str) -> dict[str, str]:
+    """The environment a test runs ``user``'s code in."""
+    return {"PATH": CLEAN_PATH, "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8", **_pythonpath()}
+
+
 def as_user(user: str, code: str, timeout: float = 60) -> dict[str, Any]:
     """Run Python ``code`` as ``user`` (the venv's interpreter); it prints one JSON line."""
     out = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=timeout, env={"PATH": CLEAN_PATH, "HOME": pwd.getpwnam(user).pw_dir, "LANG": "C.UTF-8",
-                                               **_pythonpath()})
+                         timeout=timeout, env=user_env(user))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -126,12 +130,13 @@ def daemon_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "jupyter_gpucr.daemon.server"]
 
 
-def start_daemon(root: Path) -> Daemon:
+def start_daemon(root: Path, *options: str) -> Daemon:
+    """The daemon on a socket and a store under ``root``, with ``options`` on its command line."""
     sock_dir = root / "run"
     sock_dir.mkdir(mode=0o755)
     log = root / "daemon.log"
     proc = subprocess.Popen([*daemon_command(), "--socket", str(sock_dir / "daemon.sock"), "--state-dir",
-                             str(root / "state")], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                             str(root / "state"), *options], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             env={"PATH": CLEAN_PATH, "LANG": "C.UTF-8", **_pythonpath()})
     wait_until("the daemon socket", lambda: (sock_dir / "daemon.sock").exists() or proc.poll() is not None, 30, 0.1)
     assert proc.poll() is None, log.read_text()

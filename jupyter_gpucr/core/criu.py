@@ -427,3 +427,18 @@ def drop_network_locks(image_dirs: list[Path]) -> list[str]:
     except OSError:  # no nftables in this kernel, or no CAP_NET_ADMIN: CRIU could not have locked either
         pass
     return dropped
+
+
+def drop_network_lock_of(run_id: str) -> str | None:
+    """Delete the network-lock table of the CRIU run ``run_id`` (named at the start of its log) if it
+    is still there; return its name. For a dump that died after taking its lock: it left no images
+    that name the table, and nothing else would ever release it."""
+    try:
+        for table in network_lock_tables():
+            suffix = table.removeprefix("CRIU-")
+            if len(suffix) >= 8 and run_id.startswith(suffix):
+                _delete_table(table)
+                return table
+    except OSError:  # no nftables in this kernel, or no CAP_NET_ADMIN: CRIU could not have locked either
+        pass
+    return None

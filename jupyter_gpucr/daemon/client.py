@@ -52,7 +52,10 @@ class DaemonClient:
                 raise EngineError(f"The gpucr daemon at {self.socket_path} cannot be reached: {e.strerror or e}.",
                                   "Start it (systemctl start gpucr-daemon) or ask the administrator.") from None
             sock.settimeout(timeout)
-            sock.sendall(encode({"op": op, "args": args}))
+            try:
+                sock.sendall(encode({"op": op, "args": args}))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at once (a limit): the reason is the line below
             with sock.makefile("rb") as f:
                 while True:
                     msg = read_line(f)

@@ -18,9 +18,12 @@ from ..core.errors import GPUCRError
 DEFAULT_SOCKET = "/run/gpucr/daemon.sock"
 DEFAULT_STATE = "/var/lib/gpucr"
 PROTOCOL_VERSION = 1
-#: A request carries a kernel's environment and record, never images: a bound stops a client from
-#: making the daemon buffer without end.
+#: The longest answer a client reads (a listing carries every checkpoint's manifest).
 MAX_LINE = 4 << 20
+#: The longest request the daemon reads. A request carries a kernel's command, environment and
+#: record (a few KiB; Linux's default limit for a command and its environment together is 2 MiB),
+#: never images; anything longer is refused before it is parsed.
+MAX_REQUEST = 1 << 20
 VERBS = ("hello", "run", "checkpoint", "restore", "recover", "recover_all", "list", "remove", "kill", "poll", "await_pages")
 
 
@@ -39,6 +42,11 @@ def read_line(f: Any) -> dict[str, Any] | None:
         return None
     if len(line) > MAX_LINE or not line.endswith(b"\n"):
         raise ProtocolError("The message is too long or truncated.")
+    return parse(line)
+
+
+def parse(line: bytes) -> dict[str, Any]:
+    """One message from its line."""
     try:
         msg = json.loads(line)
     except ValueError as e:
@@ -46,6 +54,15 @@ def read_line(f: Any) -> dict[str, Any] | None:
     if not isinstance(msg, dict):
         raise ProtocolError("The message is not a JSON object.")
     return msg
+
+
+def printable(value: object, limit: int = 200) -> str:
+    """``value`` as it may go into a log line: a request's op and names come from the user, and a
+    line break in them would write a line of their own; so control characters, non-ASCII and
+    backslashes are escaped, and the text is cut at ``limit`` characters."""
+    text = str(value)
+    cut = f"...({len(text)} characters)" if len(text) > limit else ""
+    return text[:limit].encode("unicode_escape").decode("ascii") + cut
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

@@ -10,17 +10,18 @@ would be a way to root.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import pwd
+import resource
 import secrets
 import shlex
 import signal
-import socket
-import socketserver
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +31,15 @@ import psutil
 
 from .._version import __version__
 from ..core.checkpointer import Checkpointer, Running
-from ..core.criu import find_criu
+from ..core.criu import NETWORK_LOCKS_MAX, find_criu
 from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, StateError
 from ..core.launcher import clean_env
 from ..core.names import validate_name
 from ..core.procs import in_own_pidns, innermost_pid, is_alive, namespace_init, namespace_init_of, tree, wait_gone
 from ..core.store import Store, make_private_dir, write_json_atomic
-from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, encode, peer_credentials, read_line
+from .listener import Credentials, Limits, Listener, Send
+from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, printable
+from .quotas import Quotas, QuotaSettings, mib, parse_size
 
 log = logging.getLogger("gpucr-daemon")
 DROPEXEC = Path(__file__).with_name("dropexec.py")
@@ -66,8 +69,9 @@ class Peer:
 class Daemon:
     """The verbs, each for one peer; see the module docstring."""
 
-    def __init__(self, state_dir: Path, criu_path: str | None = None, keep_last: int = 1) -> None:
+    def __init__(self, state_dir: Path, criu_path: str | None = None, keep_last: int = 1, quotas: Quotas | None = None) -> None:
         self.state_dir = state_dir
+        self.quotas = quotas or Quotas(state_dir, keep_last=keep_last)
         self.criu_path = _criu_wrapper(state_dir, criu_path)
         self.keep_last = keep_last
         self._holders: dict[tuple[int, str], subprocess.Popen] = {}
@@ -82,7 +86,8 @@ class Daemon:
             raise ProtocolError(f"Unknown request {op!r}.", f"The daemon knows: {', '.join(VERBS)}.")
         method = getattr(self, f"op_{op}")
         try:
-            return method(peer, progress=progress, **args) if op in ("checkpoint", "restore") else method(peer, **args)
+            with self.quotas.around(op, peer.uid, args):
+                return method(peer, progress=progress, **args) if op in ("checkpoint", "restore") else method(peer, **args)
         except TypeError as e:
             raise ProtocolError(f"Bad arguments for {op!r}: {e}") from None
 
@@ -264,68 +269,39 @@ def _state(cr: Checkpointer) -> dict[str, Any]:
     return {"procs": procs, "checkpoints": [{"id": c.id, "manifest": c.manifest} for c in cr.store.list_checkpoints()]}
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    server: _Server
+def answer(daemon: Daemon, creds: Credentials, msg: dict[str, Any], send: Send) -> None:
+    """One request: dispatch it, log it, send its progress and its result. What the request names
+    goes into the log escaped (``printable``): it comes from the user."""
+    pid, uid, gid = creds
+    peer = Peer(pid, uid, gid)
 
-    def handle(self) -> None:
-        pid, uid, gid = peer_credentials(self.request)
-        peer = Peer(pid, uid, gid)
-        write_lock = threading.Lock()
+    def progress(phase: str, done: int, total: int) -> None:
+        send({"progress": [phase, done, total]})  # a client gone away: the operation still finishes
 
-        def send(obj: Any) -> None:
-            with write_lock:
-                self.wfile.write(encode(obj))
-                self.wfile.flush()
-
-        def progress(phase: str, done: int, total: int) -> None:
-            try:
-                send({"progress": [phase, done, total]})
-            except OSError:
-                pass  # the client went away; the operation still finishes
-
-        op = "?"
-        try:
-            msg = read_line(self.rfile)
-            if msg is None:
-                return
-            op, args = str(msg.get("op")), msg.get("args") or {}
-            if not isinstance(args, dict):
-                raise ProtocolError("args must be a JSON object.")
-            result = self.server.daemon.dispatch(peer, op, args, progress)
-            log.info("uid %d (pid %d): %s %s: ok", uid, pid, op, args.get("name") or args.get("target") or "")
-            send({"ok": True, "result": result})
-        except GPUCRError as e:
-            log.info("uid %d (pid %d): %s refused or failed: %s", uid, pid, op, e)
-            send({"ok": False, "error": e.to_dict()})
-        except Exception as e:  # noqa: BLE001 - the client gets an answer, the daemon keeps serving
-            log.exception("uid %d (pid %d): %s crashed", uid, pid, op)
-            send({"ok": False, "error": EngineError(f"The gpucr daemon failed: {e}").to_dict()})
+    op: Any = msg.get("op")
+    args: Any = msg.get("args") or {}
+    what = printable(args.get("name") or args.get("target") or "") if isinstance(args, dict) else ""
+    try:
+        if not isinstance(args, dict):
+            raise ProtocolError("args must be a JSON object.")
+        result = daemon.dispatch(peer, str(op), args, progress)
+        log.info("uid %d (pid %d): %s %s: ok", uid, pid, printable(op), what)
+        send({"ok": True, "result": result})
+    except GPUCRError as e:
+        log.info("uid %d (pid %d): %s %s refused or failed: %s", uid, pid, printable(op), what, printable(e, 2000))
+        send({"ok": False, "error": e.to_dict()})
+    except Exception as e:  # noqa: BLE001 - the client gets an answer, the daemon keeps serving
+        log.error("uid %d (pid %d): %s %s crashed: %s\n%s", uid, pid, printable(op), what, printable(repr(e), 2000),
+                  "".join(traceback.format_tb(e.__traceback__)))
+        send({"ok": False, "error": EngineError(f"The gpucr daemon failed: {e}").to_dict()})
 
 
-class _Server(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
-
-    def __init__(self, path: str, daemon: Daemon) -> None:
-        self.daemon = daemon
-        super().__init__(path, _Handler)
-
-
-def serve(socket_path: Path, daemon: Daemon) -> _Server:
-    """Bind the socket (any local user may connect; each request is authorized by its credentials)."""
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(socket_path.parent, 0o755)
-    if socket_path.exists():
-        probe = socket.socket(socket.AF_UNIX)
-        try:
-            probe.connect(str(socket_path))
-            raise StateError(f"A gpucr daemon already listens on {socket_path}.")
-        except ConnectionRefusedError:
-            socket_path.unlink()
-        finally:
-            probe.close()
-    server = _Server(str(socket_path), daemon)
-    os.chmod(socket_path, 0o666)
-    return server
+def _raise_open_files_limit() -> None:
+    """Every connection holds a descriptor while it is served: take all the hard limit allows
+    (processes the daemon starts inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,25 +310,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", default=DEFAULT_STATE, help="root-only directory of the per-user stores")
     parser.add_argument("--criu", default=None, help="criu binary (default: search)")
     parser.add_argument("--keep-last", type=int, default=1, help="checkpoints kept per process")
+    limits = parser.add_argument_group("limits", "what one user may take of the daemon and the host")
+    limits.add_argument("--max-requests-per-user", type=int, default=Limits.per_user, metavar="N",
+                        help="open requests of one uid at a time; a checkpoint or restore holds one while it runs "
+                        "(default: %(default)s)")
+    limits.add_argument("--max-requests", type=int, default=Limits.total, metavar="N",
+                        help="open requests of all users together (default: %(default)s)")
+    limits.add_argument("--request-timeout", type=float, default=Limits.request_timeout, metavar="SECONDS",
+                        help="how long a client may take to send its request (default: %(default)s)")
+    limits.add_argument("--store-quota", default="50%", metavar="SIZE",
+                        help="bytes of checkpoints and logs per user; a checkpoint that would pass it is refused "
+                        "up front, the process left running: 200G, or a share of the state directory's file "
+                        "system such as 25%%; 0 for none (default: %(default)s)")
+    limits.add_argument("--log-quota", default="64M", metavar="SIZE",
+                        help="bytes of each of a running process's stdout.log and stderr.log; past it the oldest "
+                        "half is cut (default: %(default)s; 0 for none)")
+    limits.add_argument("--network-locks-per-user", type=int, default=QuotaSettings.locks_per_user, metavar="N",
+                        help=f"CRIU network locks (one per suspended process, the host has {NETWORK_LOCKS_MAX}) a "
+                        "user's checkpoints hold; a suspend past it releases the locks of that user's oldest "
+                        "checkpoints (default: %(default)s; 0 for none)")
     args = parser.parse_args(argv)
+    state = Path(args.state_dir)
+    try:
+        store_quota, log_quota = parse_size(args.store_quota, state), parse_size(args.log_quota)
+    except ValueError as e:
+        parser.error(f"{e} (sizes look like 64M, 20G, 25%, or 0 for none)")
+    if min(args.max_requests_per_user, args.max_requests) < 1 or args.request_timeout <= 0:
+        parser.error("the request limits and the timeout must be positive")
+    if log_quota is not None and log_quota < (16 << 10):
+        parser.error("--log-quota must be at least 16K (or 0 for none)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gpucr-daemon %(levelname)s %(message)s")
     if os.geteuid() != 0:
         log.error("gpucr-daemon must run as root (it runs CRIU for other users).")
         return 2
-    daemon = Daemon(Path(args.state_dir), args.criu, args.keep_last)
+    _raise_open_files_limit()
+    quotas = Quotas(state, QuotaSettings(store_quota, log_quota, args.network_locks_per_user or None),
+                    args.keep_last)
+    daemon = Daemon(state, args.criu, args.keep_last, quotas)
     try:
-        server = serve(Path(args.socket), daemon)
+        listener = Listener(Path(args.socket), functools.partial(answer, daemon),
+                            Limits(args.max_requests_per_user, args.max_requests, args.request_timeout))
     except GPUCRError as e:
         log.error("%s", e)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    log.info("listening on %s, stores in %s/users (version %s)", args.socket, args.state_dir, __version__)
+    quotas.start()
+    signal.signal(signal.SIGTERM, lambda *_: listener.shutdown())
+    log.info("listening on %s, stores in %s/users (version %s); per user: %d requests at a time, %s of store, "
+             "%s per log, %s network locks", args.socket, state, __version__, args.max_requests_per_user,
+             mib(store_quota) if store_quota else "no limit", mib(log_quota) if log_quota else "no limit",
+             args.network_locks_per_user or "no limit on")
     try:
-        server.serve_forever()
+        listener.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        quotas.stop()
+        listener.close()
         Path(args.socket).unlink(missing_ok=True)
     log.info("stopped; the processes it started keep running")
     return 0

@@ -1,0 +1,406 @@
+"""Attacks on what gpucr-daemon and the host share, by one unprivileged user (limatt) while another
+(limvic) uses the daemon: floods of idle connections, long and slow requests, a forged log line, a
+log that grows without end, a checkpoint past the store quota, and CRIU's network locks. Each attack
+fails, and the daemon answers the victim within a second meanwhile. Runs as root: it starts the
+daemon and creates the users."""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jupyter_gpucr.core.criu import drop_network_locks, dump_id, network_lock_tables
+from tests import hub as H
+from tests.conftest import criu_or_skip
+
+ATTACKER, VICTIM = "limatt", "limvic"
+PER_USER = 16
+REQUEST_TIMEOUT = 3
+LOG_QUOTA = 256 << 10
+STORE_QUOTA = 512 << 20
+LOCKS_PER_USER = 2
+OPTIONS = ("--max-requests-per-user", str(PER_USER), "--request-timeout", str(REQUEST_TIMEOUT), "--log-quota",
+           str(LOG_QUOTA), "--store-quota", str(STORE_QUOTA), "--network-locks-per-user", str(LOCKS_PER_USER))
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[H.Daemon]:
+    criu_or_skip()
+    for user in (ATTACKER, VICTIM):
+        H.ensure_user(user)
+    opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
+    root = Path(tempfile.mkdtemp(prefix="gpucr-limits-"))
+    os.chmod(root, 0o755)
+    d = H.start_daemon(root, *OPTIONS)
+    try:
+        yield d
+    finally:
+        d.stop()
+        drop_network_locks([p.parent for p in d.state.glob("users/*/checkpoints/*/images/inventory.img")])
+        for path, mode in opened.items():
+            os.chmod(path, mode)
+        print(f"daemon log:\n{d.log.read_text()[-4000:]}")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def uid(user: str) -> int:
+    return pwd.getpwnam(user).pw_uid
+
+
+def spawn_as(user: str, code: str) -> subprocess.Popen:
+    """Python ``code`` running as ``user`` in the background, stdin and stdout as pipes."""
+    return subprocess.Popen(["runuser", "-u", user, "--", sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=H.user_env(user))
+
+
+def finish(proc: subprocess.Popen, timeout: float = 30) -> dict:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def victim_served(d: H.Daemon) -> None:
+    """The victim's ``hello`` is answered within a second (timed inside the victim's process)."""
+    out = H.as_user(VICTIM, f"""
+import json, time
+from jupyter_gpucr.daemon.client import DaemonClient
+t = time.monotonic()
+r = DaemonClient({str(d.socket)!r}).call("hello")
+print(json.dumps({{"seconds": time.monotonic() - t, "uid": r["uid"]}}))
+""")
+    assert out["uid"] == uid(VICTIM)
+    assert out["seconds"] < 1.0, f"the victim waited {out['seconds']:.2f} s"
+
+
+def call_as(user: str, d: H.Daemon, op: str, **args: object) -> dict:
+    """``op`` as ``user``: {"result": ...} or {"error": class, "message", "hint"}."""
+    return H.as_user(user, f"""
+import json
+from jupyter_gpucr.core.errors import GPUCRError
+from jupyter_gpucr.daemon.client import DaemonClient
+try:
+    out = {{"result": DaemonClient({str(d.socket)!r}).call({op!r}, **json.loads({json.dumps(args)!r}))}}
+except GPUCRError as e:
+    out = {{"error": type(e).__name__, "message": e.message, "hint": e.hint}}
+print(json.dumps(out))
+""", timeout=120)
+
+
+def run_as(user: str, d: H.Daemon, name: str, body: str) -> int:
+    """Start Python ``body`` as ``user`` through the daemon; the process's host PID once it printed "ready"."""
+    home = pwd.getpwnam(user).pw_dir
+    out = call_as(user, d, "run", name=name, command=[sys.executable, "-c", body], cwd=home,
+                  env={"PATH": H.CLEAN_PATH, "HOME": home})
+    assert "result" in out, out
+    stdout = d.user_store(uid(user)) / "procs" / name / "stdout.log"
+    H.wait_until(f"{name} to start", lambda: stdout.exists() and b"ready" in stdout.read_bytes()[:4096], 30, 0.05)
+    return out["result"]["pid"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_idle_connections_are_capped_per_user(daemon: H.Daemon) -> None:
+    """About 1,100 idle connections: the daemon keeps 16 of the attacker's, refuses the rest at once
+    with the reason, and stays far from its descriptor limit."""
+    attacker = spawn_as(ATTACKER, f"""
+import json, resource, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+conns = []
+for _ in range(min(1100, hard - 64)):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect({str(daemon.socket)!r})
+    conns.append(s)
+time.sleep(0.3)
+idle, answers = 0, {{}}
+for s in conns:
+    s.setblocking(False)
+    try:
+        line = s.recv(4096)
+    except BlockingIOError:
+        idle += 1
+        continue
+    msg = json.loads(line)["error"]["message"] if line else "closed"
+    answers[msg] = answers.get(msg, 0) + 1
+print(json.dumps({{"n": len(conns), "idle": idle, "answers": answers}}), flush=True)
+sys.stdin.readline()  # holds every connection until told
+""")
+    try:
+        report = json.loads(attacker.stdout.readline())  # type: ignore[union-attr]
+        fds = len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+        victim_served(daemon)
+    finally:
+        attacker.kill()
+        attacker.wait()
+    refused = f"too many open requests from uid {uid(ATTACKER)} (limit {PER_USER})."
+    assert report["n"] >= min(1000, resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 100), report
+    assert report["idle"] <= PER_USER, report
+    assert report["answers"].get(refused, 0) >= report["n"] - 3 * PER_USER, report
+    assert fds < 64, f"the daemon held {fds} descriptors"
+
+
+def test_long_lines_keep_the_daemon_small(daemon: H.Daemon) -> None:
+    """Rounds of 100 connections each sending 4 MiB without a line break for 3 s: each is cut off at
+    the request limit, and the daemon's memory grows by far less than what was sent."""
+    proc = psutil.Process(daemon.proc.pid)
+    victim_served(daemon)
+    before = proc.memory_info().rss
+    peak = before
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.02):
+            peak = max(peak, proc.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    attacker = spawn_as(ATTACKER, f"""
+import json, socket, threading, time
+answers, lock = {{}}, threading.Lock()
+def one():
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(20)
+    try:
+        s.connect({str(daemon.socket)!r})
+        try:
+            s.sendall(b"x" * (4 << 20))
+        except OSError:
+            pass
+        line = s.makefile("rb").readline()
+        msg = json.loads(line)["error"]["message"] if line else "closed"
+    except OSError as e:
+        msg = type(e).__name__
+    finally:
+        s.close()
+    with lock:
+        answers[msg] = answers.get(msg, 0) + 1
+end, rounds = time.monotonic() + 3, 0
+while time.monotonic() < end:
+    threads = [threading.Thread(target=one) for _ in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rounds += 1
+print(json.dumps({{"rounds": rounds, "answers": answers}}))
+""")
+    try:
+        time.sleep(1)
+        victim_served(daemon)
+        report = finish(attacker)
+    finally:
+        attacker.kill()
+        stop.set()
+        sampler.join()
+    too_long = "The request is longer than 1 MiB, the daemon's limit."
+    assert report["answers"].get(too_long, 0) >= PER_USER, report
+    assert set(report["answers"]) <= {too_long, f"too many open requests from uid {uid(ATTACKER)} (limit {PER_USER}).",
+                                      "BrokenPipeError", "ConnectionResetError", "closed"}, report
+    sent = report["rounds"] * 100 * 4
+    assert peak - before < 64 << 20, f"the daemon grew by {(peak - before) >> 20} MiB while {sent} MiB were sent"
+
+
+def test_slow_senders_are_cut_off(daemon: H.Daemon) -> None:
+    """Sixteen connections sending a byte every 0.2 s: each is closed with the reason once the
+    request timeout has passed, whatever it keeps sending; the victim is served meanwhile."""
+    attacker = spawn_as(ATTACKER, f"""
+import json, select, socket, time
+conns = []
+for _ in range({PER_USER}):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect({str(daemon.socket)!r})
+    conns.append(s)
+start, done = time.monotonic(), {{}}
+while len(done) < len(conns) and time.monotonic() - start < 20:
+    for s in conns:
+        if s not in done:
+            try:
+                s.sendall(b" ")
+            except OSError:
+                pass
+    for s in select.select([s for s in conns if s not in done], [], [], 0.2)[0]:
+        line = s.recv(4096)
+        done[s] = (time.monotonic() - start, json.loads(line)["error"]["message"] if line else "closed")
+print(json.dumps(sorted(done.values())))
+""")
+    try:
+        time.sleep(1)
+        victim_served(daemon)
+        out, _ = attacker.communicate(timeout=30)
+    finally:
+        attacker.kill()
+    closed = json.loads(out.strip().splitlines()[-1])
+    assert len(closed) == PER_USER
+    for seconds, message in closed:
+        assert message == f"The request did not arrive within {REQUEST_TIMEOUT} s."
+        assert REQUEST_TIMEOUT - 0.5 < seconds < REQUEST_TIMEOUT + 1.5, closed
+
+
+def test_a_crafted_op_forges_no_log_line(daemon: H.Daemon) -> None:
+    """An op or a name with a line break (or a character some viewers take for one) in it: the
+    daemon's log has it escaped on the request's own line."""
+    forged = "2020-01-01 00:00:00,000 gpucr-daemon INFO uid 0 (pid 1): remove all: ok"
+    for op, name in (("hello\n" + forged, "x"), ("list", "x\r\n" + forged), ("no\u2028" + forged, "x")):
+        out = H.as_user(ATTACKER, f"""
+import json, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect({str(daemon.socket)!r})
+s.sendall(json.dumps({{"op": {op!r}, "args": {{"name": {name!r}}}}}).encode() + b"\\n")
+print(s.makefile().readline())
+""")
+        assert out["ok"] is False
+    victim_served(daemon)
+    lines = daemon.log.read_text().splitlines()  # splits at \r and U+2028 too
+    assert not [line for line in lines if line.startswith("2020-01-01")]
+    assert any("hello\\n2020-01-01" in line for line in lines)
+    assert any("x\\r\\n2020-01-01" in line for line in lines)
+    assert any("no\\u20282020-01-01" in line for line in lines)
+
+
+def test_a_process_log_is_cut_back_at_the_cap(daemon: H.Daemon) -> None:
+    """A process run through the daemon writes 2 MiB at once, then a line every 0.1 s: its log is cut
+    back under the cap, says so, and goes on with the process, which keeps running."""
+    pid = run_as(ATTACKER, daemon, "chatty", "import sys, time\nprint('ready', flush=True)\n"
+                 "sys.stdout.write(('x' * 1023 + '\\n') * 2048)\nsys.stdout.flush()\ni = 0\n"
+                 "while True:\n    i += 1\n    print('alive', i, flush=True)\n    time.sleep(0.1)\n")
+    log = daemon.user_store(uid(ATTACKER)) / "procs" / "chatty" / "stdout.log"
+    H.wait_until("the log to be cut", lambda: b"[gpucr: " in log.read_bytes()[:200], 10, 0.1)
+    first = last_alive(log)
+    time.sleep(0.5)
+    assert alive(pid)
+    assert log.stat().st_size <= LOG_QUOTA
+    assert last_alive(log) > first, "the process's output no longer reaches its log"
+    victim_served(daemon)
+
+
+def last_alive(log: Path) -> int:
+    lines = [line for line in log.read_text().splitlines() if line.startswith("alive ")]
+    return int(lines[-1].split()[1]) if lines else 0
+
+
+def test_a_checkpoint_past_the_store_quota_is_refused(daemon: H.Daemon) -> None:
+    pid = run_as(ATTACKER, daemon, "big", "import time\nb = b'x' * (600 << 20)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    out = call_as(ATTACKER, daemon, "checkpoint", name="big")
+    assert out.get("error") == "PreconditionError", out
+    assert "past your quota of 512 MiB" in out["message"] and "The process was left running." in out["message"], out
+    assert "--store-quota" in out["hint"], out
+    assert alive(pid)
+    assert not list((daemon.user_store(uid(ATTACKER)) / "checkpoints").glob("big-*"))
+    call_as(ATTACKER, daemon, "kill", name="big")
+    victim_served(daemon)
+
+
+def held_locks(d: H.Daemon, user: str) -> list[str]:
+    """Ids of the user's checkpoints whose network lock the host still holds, oldest first."""
+    tables = [t.removeprefix("CRIU-") for t in network_lock_tables()]
+    held = []
+    for manifest in (d.user_store(uid(user)) / "checkpoints").glob("*/manifest.json"):
+        did = dump_id(manifest.parent / "images")
+        if did and any(did.startswith(t) for t in tables):
+            held.append((json.loads(manifest.read_text())["created"], manifest.parent.name))
+    return [cid for _, cid in sorted(held)]
+
+
+def test_network_locks_are_capped_per_user(daemon: H.Daemon) -> None:
+    """Three suspended processes with a cap of two locks per user: the oldest checkpoint's lock goes."""
+    ids = []
+    for n in range(3):
+        run_as(ATTACKER, daemon, f"sleeper{n}", "import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+        out = call_as(ATTACKER, daemon, "checkpoint", name=f"sleeper{n}")
+        assert "result" in out, out
+        ids.append(out["result"]["id"])
+    if not held_locks(daemon, ATTACKER):
+        pytest.skip("CRIU took no network lock here (no nftables)")
+    assert held_locks(daemon, ATTACKER) == ids[1:]
+    victim_served(daemon)
+
+
+def test_the_lock_of_a_killed_dump_is_released(daemon: H.Daemon) -> None:
+    """The attacker kills its own CRIU once it holds its network lock: the dump fails, the process
+    runs on, and the lock, whose id no checkpoint names, is released."""
+    store = daemon.user_store(uid(ATTACKER))
+    pid = run_as(ATTACKER, daemon, "victim-of-its-owner",
+                 "import time\nb = b'y' * (400 << 20)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    killer = spawn_as(ATTACKER, """
+import os, signal, sys
+pid = int(sys.stdin.readline())
+try:
+    os.kill(pid, signal.SIGKILL)
+    print('{"killed": "by its owner"}')
+except PermissionError:
+    print('{"killed": false}')
+""")
+    checkpoint = spawn_as(ATTACKER, f"""
+import json
+from jupyter_gpucr.core.errors import GPUCRError
+from jupyter_gpucr.daemon.client import DaemonClient
+try:
+    DaemonClient({str(daemon.socket)!r}).call("checkpoint", name="victim-of-its-owner")
+    print(json.dumps({{"error": None}}))
+except GPUCRError as e:
+    print(json.dumps({{"error": type(e).__name__, "message": e.message}}))
+""")
+    try:
+        table, criu = await_lock(daemon, store)
+        killer.stdin.write(f"{criu}\n")  # type: ignore[union-attr]
+        killer.stdin.flush()  # type: ignore[union-attr]
+        if not finish(killer)["killed"]:  # the daemon keeps its CRIU out of the owner's reach: a crash, then
+            os.kill(criu, signal.SIGKILL)
+        failed = finish(checkpoint, 60)
+    finally:
+        killer.kill()
+        checkpoint.kill()
+    assert failed["error"] == "EngineError", failed
+    assert alive(pid)
+    H.wait_until("the orphaned lock to be released", lambda: table not in network_lock_tables(), 5, 0.05)
+    victim_served(daemon)
+
+
+def await_lock(d: H.Daemon, store: Path) -> tuple[str, int]:
+    """The lock table and the CRIU process of the dump under way in ``store``, once CRIU holds the lock."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for log in store.glob("checkpoints/.tmp-*/dump.log"):
+            m = re.search(r"CRIU run id = (\S+)", log.read_text(errors="replace")[:4096])
+            run_id = m.group(1) if m else "-"
+            table = next((t for t in network_lock_tables() if run_id.startswith(t.removeprefix("CRIU-"))), None)
+            criu = criu_dumping_in(d, log.parent) if table else None
+            if table and criu:
+                return table, criu
+        time.sleep(0.001)
+    raise TimeoutError("no dump took a network lock, or it was over before it could be killed")
+
+
+def criu_dumping_in(d: H.Daemon, workdir: Path) -> int | None:
+    """The CRIU (not its wrappers, nor the helpers it forks) that the daemon runs on ``workdir``."""
+    runs = {}
+    for p in psutil.Process(d.proc.pid).children(recursive=True):
+        try:
+            argv = p.cmdline()
+            if str(workdir) in argv and any(a.endswith(("/criu", "criu.bin")) for a in argv[:4]) and "python" not in argv[0]:
+                runs[p.pid] = p.ppid()
+        except psutil.Error:
+            continue
+    return next((pid for pid, parent in runs.items() if parent not in runs), None)
