@@ -35,6 +35,8 @@ _REMAP_GHOST_BIT = 0x80000000  # images older than remap_type marked ghosts in r
 # mm.proto: mm_entry.vmas (14) -> vma.proto; a file mapping's shmid is its file's id, fdflags its open mode
 _MM_VMAS, _VMA_SHMID, _VMA_STATUS, _VMA_FDFLAGS = 14, 4, 7, 10
 _VMA_FILE_PRIVATE, _VMA_FILE_SHARED = 1 << 6, 1 << 7
+# pstree.proto, core.proto (task_kobj_ids_entry), fdinfo.proto (fdinfo_entry)
+_PSTREE_PID, _IDS_FILES, _FDINFO_FD = 1, 2, 4
 # core.proto: core_entry.thread_core (5) -> thread_core_entry.creds (10) -> creds.proto
 _CORE_THREAD, _THREAD_CREDS = 5, 10
 _CREDS_IDS = ("uid", "gid", "euid", "egid", "suid", "sgid", "fsuid", "fsgid")
@@ -176,6 +178,7 @@ class Image:
     inet: list[InetSocket]
     creds: list[Creds]
     remaps: list[Remap]
+    fds: dict[int, list[int]]  # the descriptors each process (by its PID in the image) gets back
 
 
 def read_image(images: Path) -> Image:
@@ -207,7 +210,7 @@ def read_image(images: Path) -> Image:
             orig, remap_id = int(_one(e, 1, 0)), int(_one(e, 2, 0))
             kind = int(_one(e, 3, REMAP_GHOST if remap_id & _REMAP_GHOST_BIT else REMAP_LINKED))
             remaps.append(Remap(by_id.get(orig), kind))
-    return Image(files, unix_binds, inet, _creds(images), remaps)
+    return Image(files, unix_binds, inet, _creds(images), remaps, _fds(images))
 
 
 def _with_mapping_modes(images: Path, files: list[RegFile]) -> list[RegFile]:
@@ -221,6 +224,17 @@ def _with_mapping_modes(images: Path, files: list[RegFile]) -> list[RegFile]:
                     fid = int(_one(v, _VMA_SHMID, 0))
                     needs[fid] = needs.get(fid, 0) | access_of(int(_one(v, _VMA_FDFLAGS, 0)), 0)
     return [RegFile(f.id, f.path, f.mode, f.access | needs.get(f.id, 0)) for f in files]
+
+
+def _fds(images: Path) -> dict[int, list[int]]:
+    """pstree.img names the processes; ids-PID.img their descriptor table; fdinfo-ID.img its fds."""
+    out = {}
+    for e in entries(images / "pstree.img") if (images / "pstree.img").exists() else ():
+        pid = int(_one(e, _PSTREE_PID, 0))
+        ids = next(entries(images / f"ids-{pid}.img"), {}) if (images / f"ids-{pid}.img").exists() else {}
+        table = images / f"fdinfo-{_one(ids, _IDS_FILES, 0)}.img"
+        out[pid] = sorted(int(_one(f, _FDINFO_FD, -1)) for f in entries(table)) if table.exists() else []
+    return out
 
 
 def _creds(images: Path) -> list[Creds]:

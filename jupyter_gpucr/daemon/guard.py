@@ -10,9 +10,10 @@ tree is checked again before it runs:
    lack, no capability); no deleted file is to be recreated; every path is reached without a
    symbolic link and may be opened by the owner as the process had it (``pathprobe``, run with
    the owner's uid, gid and groups); every socket path lies in a folder the owner may write.
-2. after CRIU, while the tree is still stopped: every file the tree holds (descriptors, mappings,
-   cwd, root, executable) is one of the files found in 1 (same device and inode). A path changed
-   between 1 and CRIU's open is caught here, and the namespace is ended before the tree runs.
+2. inside CRIU, once the tree is restored and before it gets the owner's credentials: every file
+   the tree holds is one of the files found in 1 (same device and inode; ``restorecheck``, CRIU's
+   post-restore action script). A path changed between 1 and CRIU's open is caught there, and CRIU
+   kills the tree before it runs.
 
 Files in the owner's store of the daemon (the process's own stdout.log, stderr.log) are root's and
 out of the owner's reach; they are found the same way, as root.
@@ -23,6 +24,7 @@ import json
 import os
 import pwd
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -32,13 +34,12 @@ from pathlib import Path
 from ..core.errors import AccessRefusedError, EngineError, PreconditionError
 from ..core.images import REMAP_GHOST, REMAP_LINKED, Creds, RegFile, read_image
 from ..core.procs import tree
+from . import restorecheck
 from .pathprobe import probe, verbs
+from .restorecheck import NOT_A_PATH, REFUSED
 
 PROBE = Path(__file__).with_name("pathprobe.py")
 KEPT = "The checkpoint is kept."
-# What a descriptor or mapping may point at without being a file of the image: pipes, sockets,
-# anonymous inodes, memfds, anonymous shared memory, SysV shared memory.
-_NOT_A_PATH = re.compile(r"^(pipe|socket|anon_inode|net|mnt|pidfd):|^/memfd:|^/dev/zero \(deleted\)$|^/SYSV[0-9a-f]{8} \(deleted\)$")
 # A process's own /proc folder: the image names it by its PID inside the namespace, which only the
 # restored namespace's /proc has; it is never looked up on the host.
 _PROC_PID = re.compile(r"^/proc/(\d+|self|thread-self)(/|$)")
@@ -65,10 +66,12 @@ class Owner:
 
 @dataclass
 class Approved:
-    """What the checked image may hold once restored: files by (device, inode), /proc paths by name."""
+    """What the checked image may hold once restored: files by (device, inode), /proc paths by
+    name; ``fds``: each process's own descriptors (until CRIU is done it holds some of CRIU's too)."""
 
     inodes: set[tuple[int, int]] = field(default_factory=set)
     proc_paths: set[str] = field(default_factory=set)
+    fds: dict[int, list[int]] = field(default_factory=dict)
 
 
 class RestoreGuard:
@@ -79,7 +82,11 @@ class RestoreGuard:
         self.trusted = trusted
 
     # -- before the restore ----------------------------------------------------------------
-    def approve(self, images: Path) -> Approved:
+    def approve(self, images: Path, workdir: Path) -> list[str]:
+        """Step 1 for the image in ``images``; the options for step 2 (see the module docstring)."""
+        return self.options(self.approved(images), workdir)
+
+    def approved(self, images: Path) -> Approved:
         image = read_image(images)
         for creds in image.creds:
             self._check_creds(creds)
@@ -89,7 +96,7 @@ class RestoreGuard:
                 raise AccessRefusedError(
                     f"The process had {what} open after it was deleted; the gpucr daemon does not recreate deleted "
                     "files as root for a user.", f"{KEPT} Restore it with a server that runs as its owner, or delete it.")
-        approved = Approved()
+        approved = Approved(fds=image.fds)
         own: list[RegFile] = []
         for f in image.files:
             if _PROC_PID.match(f.path):
@@ -149,35 +156,32 @@ class RestoreGuard:
                                      f"Put the file back as it was, then restore again. {KEPT}")
         approved.inodes.add((answer["dev"], answer["ino"]))
 
-    # -- after CRIU, before the tree runs ------------------------------------------------------
-    def check_restored(self, pid: int, approved: Approved) -> None:
-        """Every file the stopped tree rooted at host PID ``pid`` holds was approved."""
-        for p in tree(pid):
-            base = Path(f"/proc/{p}")
-            links = [base / "cwd", base / "root", base / "exe"]
-            for folder in ("fd", "map_files"):
-                try:
-                    links += list((base / folder).iterdir())
-                except FileNotFoundError:
-                    continue
-            for link in links:
-                self._check_link(p, link, approved)
+    def options(self, approved: Approved, workdir: Path) -> list[str]:
+        """``criu restore`` options for step 2: the approved files and the action script that checks
+        the tree against them, written into the restore's work folder (root-only). CRIU runs an
+        action script without arguments, so the script names the file itself."""
+        path, script = workdir / "restore-approved.json", workdir / "restore-check"
+        (workdir / REFUSED).unlink(missing_ok=True)
+        _write_private(path, json.dumps({"inodes": sorted(approved.inodes), "proc_paths": sorted(approved.proc_paths),
+                                          "fds": approved.fds}))
+        _write_private(script, "#!/bin/sh\nexec " + shlex.join([sys.executable, "-I", "-S", restorecheck.__file__, str(path)])
+                       + "\n", 0o700)
+        return ["--action-script", str(script)]
 
     @staticmethod
-    def _check_link(pid: int, link: Path, approved: Approved) -> None:
+    def refused(workdir: Path) -> AccessRefusedError | None:
+        """Why step 2 ended a restore in ``workdir``, if it did."""
         try:
-            target = os.readlink(link)
-            st = os.stat(link)
-        except (FileNotFoundError, ProcessLookupError):
-            return
-        if _NOT_A_PATH.match(target) or (st.st_dev, st.st_ino) in approved.inodes:
-            return
-        if target in approved.proc_paths:
-            return
-        raise AccessRefusedError(
-            f"The restored process {pid} came back holding {target}, which is not a file it had at the checkpoint: a "
-            "path was changed while it was restored. It was stopped before it ran.",
-            f"Put the process's files back as they were, then restore again. {KEPT}")
+            why = json.loads((workdir / REFUSED).read_text())["refused"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return AccessRefusedError(why, f"Put the process's files back as they were, then restore again. {KEPT}")
+
+
+def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
+        f.write(text)
 
 
 def deleted_files(pid: int) -> list[str]:
@@ -195,6 +199,6 @@ def deleted_files(pid: int) -> list[str]:
                     target = os.readlink(link)
                 except OSError:
                     continue
-                if target.endswith(" (deleted)") and not _NOT_A_PATH.match(target):
+                if target.endswith(" (deleted)") and not NOT_A_PATH.match(target):
                     found.add(target.removesuffix(" (deleted)"))
     return sorted(found)
