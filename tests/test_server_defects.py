@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import signal
 import time
 
 import psutil
@@ -16,9 +17,12 @@ from tornado.httpclient import HTTPClientError
 from jupyter_gpucr.core.store import MANIFEST
 from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID
 
+from .conftest import criu_or_skip
 from .kernel_ws import collect, message, request, send
 from .kernel_ws import execute as run_cell
 from .test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+from .test_server_faults import _leave_nothing_running
+from .test_server_lifecycle import RealServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -121,3 +125,77 @@ async def test_a_suspended_kernel_whose_manifest_cannot_be_read_connects_and_say
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
     assert st["state"] == "suspended" and str(manifest) in st["error"]
     ws.close()
+
+
+async def stays_running(server: RealServer, kid: str, seconds: float) -> None:
+    since = time.monotonic()
+    while time.monotonic() - since < seconds:
+        st = await server.get(f"api/gpucr/kernels/{kid}")
+        assert st["state"] == "running", (time.monotonic() - since, st)
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("before", ["running", "suspended"])
+async def test_a_restarted_kernel_is_idle_from_its_restart_on(tmp_path, before):
+    """Kernel > Restart in JupyterLab gives a fresh kernel, whether the old one ran or was on
+    disk: the idle suspension counts from the restart, not from the old kernel's last cell, and
+    then from the new kernel's cells."""
+    criu_or_skip()
+    root = tmp_path / "root"
+    root.mkdir()
+    server = RealServer(root, tmp_path / "store", tmp_path / "server.log", "--GPUCR.idle_timeout=4",
+                        "--GPUCR.idle_check_interval=1")
+    try:
+        await server.wait_ready()
+        kid = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
+        ws = await server.ws(kid)
+        await run_cell(ws, "x = 1")
+        ws.close()
+        if before == "suspended":
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+        await asyncio.sleep(2.5)
+        await server.request(f"api/kernels/{kid}/restart", "POST", {})
+        await stays_running(server, kid, 2)  # idle for less than idle_timeout since the restart
+        ws = await server.ws(kid)
+        await run_cell(ws, "y = 2")
+        ws.close()
+        ran = time.monotonic()
+        await stays_running(server, kid, 3)  # nor since the new kernel's cell
+        while (st := await server.get(f"api/gpucr/kernels/{kid}"))["state"] != "suspended":  # and then it is
+            assert time.monotonic() - ran < 20, st
+            await asyncio.sleep(0.2)
+        assert st["checkpoint"]["reason"] == "idle"
+    finally:
+        assert server.sigterm() == 0
+
+
+async def test_the_next_server_answers_for_kernels_once_it_has_listed_those_left_running(tmp_path):
+    """The server died (kill -9) with a kernel running. The next one puts that kernel on disk to
+    list it: until it is listed, its API waits rather than answering 404 for it."""
+    criu_or_skip()
+    root, store = tmp_path / "root", tmp_path / "store"
+    root.mkdir()
+    server = RealServer(root, store, tmp_path / "server-0.log")
+    kid = ""
+    try:
+        await server.wait_ready()
+        kid = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
+        ws = await server.ws(kid)
+        await run_cell(ws, "import numpy as np\na = np.ones(25_000_000)\nx = 42")  # a dump of a few tenths of a second
+        ws.close()
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(10)
+        server = RealServer(root, store, tmp_path / "server-1.log")
+        await server.wait_ready()  # /api/status answers
+        assert (await server.get(f"api/kernels/{kid}"))["id"] == kid
+        assert (await server.get(f"api/gpucr/kernels/{kid}"))["state"] == "suspended"
+        ws = await server.ws(kid)
+        _, out, _ = await run_cell(ws, "print(x)")
+        assert out == "42\n"
+        ws.close()
+        assert server.sigterm() == 0
+    finally:
+        if kid:
+            _leave_nothing_running(server, kid)
+        elif server.proc.poll() is None:
+            server.sigterm()

@@ -74,13 +74,20 @@ class GPUCRKernelManager(ServerKernelManager):
 
     async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:
         async with self.suspender.operation(self.kernel_id):
-            if self.parent.lifecycle.is_on_disk(self.kernel_id):  # the user asked for a fresh kernel
+            on_disk = self.parent.lifecycle.is_on_disk(self.kernel_id)
+            if on_disk:  # the user asked for a fresh kernel
                 await self.suspender.shelve(self.kernel_id, "restart")
                 self.provisioner.suspended = False
                 self.provisioner.process = None
             else:
                 self.suspender.cancel_pending(self.kernel_id)
         await super().restart_kernel(now=now, newports=newports, **kw)
+        # The idle clock restarts with the kernel. jupyter_server leaves it where the old kernel's
+        # last activity put it (a restart's own messages are no activity to it), and it watches
+        # the activity only of kernels it started: one that was on disk was unwatched at suspend.
+        if on_disk:
+            self.parent.start_watching_activity(self.kernel_id)
+        self.last_activity = utcnow()
 
 
 class GPUCRMappingKernelManager(AsyncMappingKernelManager):
