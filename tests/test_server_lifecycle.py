@@ -78,7 +78,7 @@ def _free_port() -> int:
 class RealServer:
     """`jupyter server` as a separate process, as JupyterHub runs a single-user server."""
 
-    def __init__(self, root: Path, store: Path, log: Path) -> None:
+    def __init__(self, root: Path, store: Path, log: Path, *options: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.headers = {"Authorization": "token secret-token"}
@@ -87,7 +87,8 @@ class RealServer:
             [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
              "--allow-root", f"--ServerApp.root_dir={root}", "--IdentityProvider.token=secret-token",
              # named here too: where gpucr is not installed (the GPU machine) no config file enables it
-             "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}", f"--GPUCR.store={store}"], stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
+             "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}", f"--GPUCR.store={store}", *options],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
 
     async def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

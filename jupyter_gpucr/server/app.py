@@ -1,5 +1,6 @@
 """The jupyter_server extension: installs gpucr's kernel manager, websocket connection and REST
-handlers, runs the idle checker, and suspends every kernel before the server stops.
+handlers, lists the kernels an earlier server left before it answers for kernels, runs the idle
+checker, and suspends every kernel before the server stops.
 Configuration lives in :class:`jupyter_gpucr.server.config.GPUCR`."""
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .config import GPUCR
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .lifecycle import RUNNING
+from .readiness import Readiness
 from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
 
@@ -30,6 +32,7 @@ class GPUCRApp(ExtensionApp):
     description = "Suspend Jupyter kernels to disk and restore them on demand."
     _idle_checker: PeriodicCallback | None = None
     service: KernelSuspender | None = None  # None when the server was refused before gpucr loaded
+    readiness: Readiness | None = None
 
     def _link_jupyter_server_extension(self, serverapp: Any) -> None:
         """Install the kernel manager and websocket classes before the server creates them.
@@ -47,13 +50,9 @@ class GPUCRApp(ExtensionApp):
         serverapp.kernel_manager_class = GPUCRMappingKernelManager
         serverapp.kernel_websocket_connection_class = GPUCRWebsocketConnection
         config = GPUCR(parent=serverapp)
-        if config.checkpointable_kernels:
-            backend = choose_backend(config)
-            if backend.kind == "none":  # the gpucr provisioner could not start a kernel here (unshare needs privileges)
-                self.log.warning("gpucr: kernels start the stock way, and only the snapshot engine can suspend them: %s",
-                                 backend.why)
-            else:
-                serverapp.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER
+        # Without a backend the gpucr provisioner could not start a kernel here (unshare needs privileges).
+        if config.checkpointable_kernels and choose_backend(config).kind != "none":
+            serverapp.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER
 
     def initialize_settings(self) -> None:
         km = self.serverapp.kernel_manager
@@ -63,6 +62,20 @@ class GPUCRApp(ExtensionApp):
                          "Remove the other ServerApp.kernel_manager_class setting, or disable gpucr.")
         self.service = km.suspender
         self.settings["gpucr"] = self.service
+        # Before the server's HTTP server exists (it is made after the extensions are loaded),
+        # and listed as soon as the event loop runs (jupyter_server starts extensions only after
+        # it has started serving, and servers embedded in tests never do).
+        self.readiness = Readiness(self.serverapp.base_url)
+        self.readiness.hold_requests(self.serverapp.web_app)
+        self.serverapp.io_loop.add_callback(self._relist_then_serve)
+
+    async def _relist_then_serve(self) -> None:
+        try:
+            await self.service.relist_at_start()
+        except Exception:  # whatever was listed stays listed; the server must answer all the same
+            self.log.exception("gpucr: listing the kernels of an earlier server failed")
+        finally:
+            self.readiness.open()
 
     def _refuse(self, message: str, hint: str) -> None:
         """Stop the server rather than run kernels gpucr cannot see (a silent half-install)."""
@@ -75,15 +88,25 @@ class GPUCRApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.
         asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
-        self.log.info("gpucr: whole-process engine: %s", self.service.backend.why)
+        self._log_backend()
         self._check_stop_budget()
         self._stop_on_sigint()
-        await self.service.relist_at_start()
+        await self.readiness.wait()  # not an idle check before the kernels of an earlier server are listed
         options = self.service.options
         if options.idle_timeout > 0:
             self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
             self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
+
+    def _log_backend(self) -> None:
+        backend = self.service.backend
+        if backend.kind != "none":
+            self.log.info("gpucr: whole-process engine: %s", backend.why)
+            return
+        stock = " (kernels start the stock way)" if self.service.options.checkpointable_kernels else ""
+        self.log.warning("gpucr: only the snapshot engine can suspend kernels%s: %s. Run 'gpucr doctor' as this user; "
+                         "docs/jupyterhub.md says how the gpucr daemon gives such a server the whole-process engine.",
+                         stock, backend.why)
 
     def _stop_on_sigint(self) -> None:
         """LocalProcessSpawner stops a server with SIGINT. jupyter_server handles SIGINT only when
