@@ -27,6 +27,7 @@ from ..core.errors import EngineError, GPUCRError, PreconditionError, PutBackErr
 from ..core.privileges import check_privileges
 from ..core.store import Checkpoint, dir_size
 from . import kernel_rpc
+from .backend import Backend
 from .provisioner import GPUCRProvisioner
 
 Progress = Callable[[str, int, int], None]
@@ -81,7 +82,13 @@ class CriuEngine(SuspendEngine):
     name = "criu"
     label = "whole process"
 
+    def __init__(self, checkpointer: Checkpointer, backend: Backend) -> None:
+        super().__init__(checkpointer)
+        self.backend = backend
+
     def problem(self, km: Any) -> str | None:
+        if self.backend.kind == "none":  # why this server launches no kernel through the gpucr provisioner
+            return self.backend.why
         if not isinstance(km.provisioner, GPUCRProvisioner):
             return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
         daemon = getattr(self.checkpointer, "unavailable_reason", None)  # a DaemonCheckpointer: the daemon runs CRIU

@@ -67,7 +67,7 @@ class KernelSuspender:
         self.backend = choose_backend(config)
         self.checkpointer: Checkpointer = build_checkpointer(config, self.backend, store,
                                                              config.max_store_bytes or _half_of_disk(store))
-        self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer),
+        self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer, self.backend),
                                                                        SnapshotEngine(self.checkpointer))}
         self._saved: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
