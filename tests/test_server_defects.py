@@ -7,7 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import re
+import shlex
 import signal
+import socket
+import stat
+import subprocess
+import sys
 import time
 
 import psutil
@@ -199,3 +205,63 @@ async def test_the_next_server_answers_for_kernels_once_it_has_listed_those_left
             _leave_nothing_running(server, kid)
         elif server.proc.poll() is None:
             server.sigterm()
+
+
+@pytest.fixture
+def small_store(tmp_path):
+    """The server's store (``jp_server_config`` puts it at tmp_path/gpucr-store) on a 96 MiB
+    tmpfs, mounted before the server starts."""
+    store = tmp_path / "gpucr-store"
+    store.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m,mode=0700", "gpucr-test", str(store)], check=True)
+    yield store
+    subprocess.run(["umount", "-l", str(store)], check=True)
+
+
+async def test_a_dump_that_fills_the_disk_says_so_in_sentences(small_store, jp_fetch, jp_ws_fetch, jp_serverapp):
+    """The disk fills up during the dump (the check before it passed, as when something else
+    writes meanwhile): the message says what happened and that the kernel runs on, as sentences."""
+    jp_serverapp.kernel_manager.suspender.checkpointer.check_space = False  # so that CRIU itself runs out
+    kid = (await new_session(jp_fetch, "full.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await run_cell(ws, "import numpy as np\na = np.ones(20_000_000)\nx = 42")
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
+    body = json.loads(err.value.response.body)
+    assert "No space left on device" in body["message"] and "disk is full" in body["hint"], body
+    assert body["message"].endswith(": No space left on device. The process was left running."), body["message"]
+    _, out, _ = await run_cell(ws, "print(x)")
+    assert out == "42\n"
+    ws.close()
+
+
+async def test_the_log_of_a_failed_dump_is_private(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """CRIU refuses to dump a kernel with a TCP connection still in its listen queue; the log
+    kept for the user is 0600, as every file of a checkpoint (it names the kernel's files)."""
+    kid = (await new_session(jp_fetch, "listening.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    _, port, _ = await run_cell(ws, "import socket\nsrv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\n"
+                                    "print(srv.getsockname()[1])")
+    with socket.create_connection(("127.0.0.1", int(port))):  # never accepted
+        with pytest.raises(HTTPClientError) as err:
+            await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
+    body = json.loads(err.value.response.body)
+    log = jp_serverapp.kernel_manager.suspender.store.proc_dir(kid) / "dump-failed.log"
+    assert f"CRIU's log: {log}." in body["hint"], body
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and "In-flight connection" in log.read_text()
+    assert body["message"].endswith(". The process was left running."), body["message"]
+    ws.close()
+
+
+def test_doctor_names_the_install_command_this_installation_has(tmp_path):
+    """A pip user has no scripts/ folder: where CRIU is missing, `gpucr doctor` names a command
+    this installation has, and that command is there."""
+    proc = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli.main", "--store", str(tmp_path / "store"),
+                           "--criu", str(tmp_path / "no-criu"), "--json", "doctor"], capture_output=True, text=True,
+                          timeout=120)
+    criu = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["criu"]
+    assert not criu["ok"] and "scripts/" not in criu["fix"], criu
+    command = re.fullmatch(r"Run '([^']+)' .*", criu["fix"])
+    assert command, criu["fix"]
+    shown = subprocess.run([*shlex.split(command.group(1)), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "--prefix" in shown.stdout, shown.stderr

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -18,11 +20,24 @@ from ..daemon.client import DaemonClient
 from ..daemon.protocol import DEFAULT_SOCKET
 
 
+def install_criu_command() -> str:
+    """The command that installs CRIU where gpucr finds it, as this installation has it: its own
+    CLI (a pip install has no scripts/ folder; a checkout has the CLI too)."""
+    beside = Path(sys.executable).with_name("gpucr")  # this environment's CLI
+    on_path = shutil.which("gpucr")
+    if on_path and (not beside.exists() or Path(on_path) == beside):
+        return "gpucr install-criu"
+    if beside.exists():
+        return f"{beside} install-criu"
+    return f"{sys.executable} -m jupyter_gpucr.cli.main install-criu"
+
+
 def _check_criu(criu_path: str | None) -> list[Check]:
     try:
         criu = Criu(criu_path)
     except GPUCRError as e:
-        return [Check("criu", False, e.message, e.hint)]
+        return [Check("criu", False, e.message,
+                      f"Run '{install_criu_command()}' (CRIU 4.2+ beside this Python), or set GPUCR_CRIU to a CRIU 4.2+.")]
     ok, out = criu.check()
     last = out.splitlines()[-1] if out else ""
     paged = criu.lazy_pages_supported

@@ -79,6 +79,7 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     _holding = False
     _waking: asyncio.Task[None] | None = None
     _connecting: asyncio.Future[None] | None = None  # the live connection's nudge, while it runs
+    _reconnecting = False  # wake() is making the live connection; it delivers what arrives meanwhile
     _closed = False
 
     def __init__(self, **kwargs: Any) -> None:
@@ -147,7 +148,7 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         if self._live is not None and not self._holding:
             return self._live.handle_incoming_message(incoming_msg)
         self._queue.append(incoming_msg)
-        if self._live is None and not self._holding and self._waking is None:
+        if self._live is None and not (self._holding or self._reconnecting) and self._waking is None:
             self._answer_queue()
 
     def handle_outgoing_message(self, stream: str, outgoing_msg: list[Any]) -> None:
@@ -187,6 +188,7 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             return
         if self._live is None:
             live = self._new_live()
+            self._reconnecting = True
             try:
                 await live.prepare()
                 self.multi_kernel_manager.notify_disconnect(self.kernel_id)  # live.connect() counts itself
@@ -200,6 +202,8 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
                 self.multi_kernel_manager.notify_connect(self.kernel_id)
                 live.disconnect()
                 raise
+            finally:
+                self._reconnecting = False
             self._live = live
         queued, self._queue = self._queue, []
         for msg in queued:
