@@ -261,8 +261,8 @@ class Checkpointer:
                 raise EngineError(f"{e} Putting the GPU state back also failed: {'; '.join(problems)}",
                                   "The process may be stuck; check it with nvidia-smi.") from e
             if isinstance(e, GPUCRError):  # say what became of the process, checked, not assumed
-                e.message += (" The process was left running." if is_alive(pid)
-                              else " The process did not survive it; its in-memory state is lost.")
+                e.message = e.message.rstrip(". ") + (". The process was left running." if is_alive(pid)
+                                                      else ". The process did not survive it; its in-memory state is lost.")
             raise
         if leave_running:
             cuda.put_back(locked)

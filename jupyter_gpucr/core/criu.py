@@ -239,6 +239,8 @@ class Criu:
             hint = failure.hint
             if keep_log is not None and (workdir / "dump.log").exists():
                 try:  # best effort: the disk may be the very thing that is full
+                    from .store import private_files  # (store imports this module) 0600, as all of a checkpoint
+                    private_files(keep_log.parent, keep_log.name)
                     shutil.copyfile(workdir / "dump.log", keep_log)
                     hint = f"{hint} CRIU's log: {keep_log}."
                 except OSError:
