@@ -15,6 +15,7 @@ import datetime
 from typing import Any, Protocol
 
 from jupyter_client.provisioning import KernelProvisionerFactory
+from jupyter_core.utils import ensure_async
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager, ServerKernelManager
 from traitlets import Instance, default
@@ -200,7 +201,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         sm = getattr(self.parent, "session_manager", None)
         if sm is None:
             return []
-        rows = await sm.list_sessions()
+        rows = await ensure_async(sm.list_sessions())  # Kernel Gateway's session manager is not async
         return [{"id": s["id"], "path": s["path"], "name": s["name"], "type": s["type"]}
                 for s in rows if s.get("kernel", {}).get("id") == kernel_id]
 
@@ -263,5 +264,5 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         self._kernel_ports[kernel_id] = km.ports
         sm = self.parent.session_manager
         for s in record.get("sessions", []):
-            if not await sm.session_exists(path=s["path"]):
-                await sm.save_session(s["id"], path=s["path"], name=s["name"], type=s["type"], kernel_id=kernel_id)
+            if not await ensure_async(sm.session_exists(path=s["path"])):
+                await ensure_async(sm.save_session(s["id"], path=s["path"], name=s["name"], type=s["type"], kernel_id=kernel_id))

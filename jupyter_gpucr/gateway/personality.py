@@ -1,0 +1,146 @@
+"""Kernel Gateway's websocket personality with what gpucr's server extension adds to a jupyter
+server (see :mod:`jupyter_gpucr.server.app`): the kernel manager and websocket connection
+class, ``/api/gpucr/``, kernels of an earlier gateway listed again before kernel requests are
+answered, idle suspension, and every kernel suspended before the gateway stops."""
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+from kernel_gateway.jupyter_websocket import JupyterWebsocketPersonality
+from kernel_gateway.mixins import CORSMixin, TokenAuthorizationMixin
+from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
+from tornado.ioloop import PeriodicCallback
+
+from ..core import cuda
+from ..core.errors import GPUCRError
+from ..server.backend import choose_backend
+from ..server.config import GPUCR
+from ..server.handlers import handlers as gpucr_handlers
+from ..server.kernelmanager import PROVISIONER, GPUCRMappingKernelManager
+from ..server.lifecycle import RUNNING
+from ..server.readiness import Readiness
+from ..server.service import KernelSuspender
+from ..server.websocket import GPUCRWebsocketConnection
+from .manager import GatewayKernelManager
+
+
+class GatewayWebsocketConnection(GPUCRWebsocketConnection):
+    """gpucr's connection with the class method Kernel Gateway calls when it stops."""
+
+    @classmethod
+    async def close_all(cls) -> None:
+        """The websockets close with the process; their kernels are on disk or shut down by then."""
+
+
+class GPUCRPersonality(JupyterWebsocketPersonality):
+    """See the module docstring. Made by Kernel Gateway after its kernel manager and before its
+    web application and HTTP server."""
+
+    _idle_checker: PeriodicCallback | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        app = self.parent
+        config = GPUCR(parent=app)
+        # Before the first kernel starts: the provisioner factory reads this when it is made.
+        if config.checkpointable_kernels and choose_backend(config).kind != "none":
+            app.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER
+        self.kernel_manager = _gpucr_kernel_manager(app)
+        if not issubclass(app.kernel_websocket_connection_class, GPUCRWebsocketConnection):
+            if app.config.KernelGatewayApp.get("kernel_websocket_connection_class") is not None:
+                _refuse(f"KernelGatewayApp.kernel_websocket_connection_class is set to "
+                        f"{app.kernel_websocket_connection_class.__name__}, and gpucr needs its own to keep "
+                        "websockets open while a kernel is on disk.", "Remove that setting.")
+            app.kernel_websocket_connection_class = GatewayWebsocketConnection
+        self.service: KernelSuspender = self.kernel_manager.suspender
+        self.readiness = Readiness(app.base_url)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            # Without a terminal Kernel Gateway leaves SIGINT to Python, whose KeyboardInterrupt ends
+            # the event loop before any kernel is suspended.
+            signal.signal(signal.SIGINT, app._signal_stop)
+        # The first callback of the event loop: before it accepts the first connection.
+        app.io_loop.add_callback(self._start)
+
+    def create_request_handlers(self) -> list[tuple[Any, ...]]:
+        """Kernel Gateway's handlers, and gpucr's behind the gateway's token and CORS headers."""
+        base = self.parent.base_url.rstrip("/")
+        ours = [(pattern, type(cls.__name__, (TokenAuthorizationMixin, CORSMixin, cls), {}))
+                for pattern, cls in gpucr_handlers(f"{base}/api/gpucr")]
+        return ours + super().create_request_handlers()
+
+    async def _start(self) -> None:
+        app = self.parent
+        app.web_app.settings["gpucr"] = self.service
+        self.readiness.hold_requests(app.web_app)
+        asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
+        backend = self.service.backend
+        if backend.kind == "none":
+            self.log.warning("gpucr: only the snapshot engine can suspend kernels: %s. Run 'gpucr doctor' as this "
+                             "user; docs/jupyterhub.md says how the gpucr daemon gives the whole-process engine.",
+                             backend.why)
+        else:
+            self.log.info("gpucr: whole-process engine: %s", backend.why)
+        try:
+            await self.service.relist_at_start()
+        except Exception:  # whatever was listed stays listed; the gateway must answer all the same
+            self.log.exception("gpucr: listing the kernels of an earlier gateway failed")
+        finally:
+            self.readiness.open()
+        options = self.service.options
+        if options.idle_timeout > 0:
+            self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * options.idle_check_interval)
+            self._idle_checker.start()
+            self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
+
+    async def _suspend_idle_kernels(self) -> None:
+        km = self.kernel_manager
+        options = self.service.options
+        for kernel_id in list(km.list_kernel_ids()):
+            if km.lifecycle.state_of(kernel_id) != RUNNING:
+                continue
+            timeout = km.get_kernel(kernel_id).kernel_spec.metadata.get("gpucr_idle_timeout", options.idle_timeout)
+            if km.is_idle(kernel_id, timeout, options.suspend_busy, options.suspend_connected):
+                try:
+                    await self.service.suspend(kernel_id, reason="idle")
+                except GPUCRError as e:
+                    self.log.warning("gpucr: idle kernel %s not suspended: %s", kernel_id, e)
+
+    async def shutdown(self) -> None:
+        """Kernel Gateway shuts every kernel down when it stops: put them on disk first, where
+        the next gateway with this store lists them again."""
+        if self._idle_checker:
+            self._idle_checker.stop()
+        self.service.stopping = True
+        if self.service.options.suspend_on_stop:
+            failures = await self.service.suspend_all("server-stop")
+            for kernel_id, why in failures.items():
+                self.log.error("gpucr: kernel %s could not be suspended and stops with the gateway (its state is "
+                               "lost): %s", kernel_id, why)
+            on_disk = self.kernel_manager.lifecycle.kernel_ids_in("suspended")
+            self.log.info("gpucr: %d kernel(s) are on disk for the next start", len(on_disk))
+        await super().shutdown()
+
+
+def _gpucr_kernel_manager(app: Any) -> GPUCRMappingKernelManager:
+    """gpucr's kernel manager for the gateway. Kernel Gateway makes its kernel manager before it
+    loads the API module; unless configured otherwise it made its own seeding manager, which
+    has no kernels yet and is replaced here by the same manager with gpucr's added."""
+    km = app.kernel_manager
+    if isinstance(km, GPUCRMappingKernelManager):
+        return km
+    if type(km) is not SeedingMappingKernelManager:
+        _refuse(f"KernelGatewayApp.kernel_manager_class is {type(km).__name__}, and gpucr needs its own "
+                "to suspend kernels.", "Remove that setting or use jupyter_gpucr.gateway.GatewayKernelManager.")
+    kwargs = {"default_kernel_name": app.default_kernel_name} if app.default_kernel_name else {}
+    app.kernel_manager_class = GatewayKernelManager
+    app.kernel_manager = GatewayKernelManager(parent=app, log=app.log, connection_dir=app.runtime_dir,
+                                              kernel_spec_manager=app.kernel_spec_manager, **kwargs)
+    app.session_manager.kernel_manager = app.kernel_manager
+    return app.kernel_manager
+
+
+def _refuse(message: str, hint: str) -> None:
+    """Stop the gateway rather than run kernels gpucr cannot see (a silent half-install)."""
+    raise SystemExit(f"gpucr: {message} {hint}")

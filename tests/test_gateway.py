@@ -1,0 +1,82 @@
+"""Kernel Gateway with gpucr (``--KernelGatewayApp.api=jupyter_gpucr.gateway``), a real
+``jupyter kernelgateway`` process: what the server extension gives a jupyter server."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from .agent_servers import Served, kernel_processes, kill_leftovers
+from .conftest import criu_or_skip
+from .kernel_ws import execute
+
+
+@pytest.fixture
+def root(tmp_path):
+    criu_or_skip()
+    yield tmp_path / "root"
+    kill_leftovers(tmp_path)
+
+
+async def test_rest_suspend_restore_and_idle_suspend_with_a_client_connected(root, tmp_path):
+    gw = Served("gateway", root, tmp_path / "store", "--JupyterWebsocketPersonality.list_kernels=True",
+                "--GPUCR.idle_timeout=2", "--GPUCR.idle_check_interval=1", "--GPUCR.suspend_connected=True")
+    try:
+        await gw.wait_ready()
+        kid = await gw.start_kernel()
+        ws = await gw.ws(kid)
+        _, out, _ = await execute(ws, "import os; x = 41; print(os.environ.get('KERNEL_GATEWAY'))")
+        assert out.strip() == "1"  # launched the way Kernel Gateway launches kernels
+
+        await gw.suspend(kid)
+        assert kernel_processes(kid) == []
+        listed = await gw.request("api/kernels")  # Kernel Gateway's own listing, with gpucr's state
+        assert [(k["id"], k["gpucr"]["state"]) for k in listed] == [(kid, "suspended")]
+        reply, out, _ = await execute(ws, "x += 1; print(x)")
+        assert (reply["content"]["status"], out.strip()) == ("ok", "42")
+        assert await gw.state(kid) == "running" and kernel_processes(kid)
+
+        await gw.wait_state(kid, "suspended", timeout=30)  # idle, the websocket still open
+        assert kernel_processes(kid) == []
+        reply, out, _ = await execute(ws, "x += 1; print(x)")
+        assert (reply["content"]["status"], out.strip()) == ("ok", "43")
+        assert [k["kernel_id"] for k in await gw.request("api/gpucr/kernels")] == [kid]
+        ws.close()
+    finally:
+        gw.stop()
+
+
+async def test_stop_suspends_every_kernel_and_the_next_gateway_lists_it_again(root, tmp_path):
+    seed = root / "seed.ipynb"
+    root.mkdir(parents=True)
+    seed.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {"kernelspec": {"name": "python3"}},
+                                "cells": [{"cell_type": "code", "id": "a", "metadata": {}, "outputs": [],
+                                           "execution_count": None, "source": "seeded = 7"}]}))
+    store = tmp_path / "store"
+    first = Served("gateway", root, store, f"--KernelGatewayApp.seed_uri={seed}")
+    try:
+        await first.wait_ready()
+        kid = await first.start_kernel()
+        ws = await first.ws(kid)
+        await execute(ws, "y = seeded * 6")  # Kernel Gateway's seed notebook ran
+        ws.close()
+        with pytest.raises(HTTPClientError) as listing:  # its list_kernels option still applies
+            await first.request("api/kernels")
+        assert listing.value.code == 403
+    finally:
+        assert first.stop() == 0
+    assert "1 kernel(s) are on disk for the next start" in first.log.read_text()
+    assert kernel_processes(kid) == []
+
+    second = Served("gateway", root, store)
+    try:
+        await second.wait_ready()
+        # asked before the gateway has listed it again: answered once listed, not 404
+        assert (await second.request(f"api/kernels/{kid}"))["gpucr"]["state"] == "suspended"
+        ws = await second.ws(kid)
+        reply, out, _ = await execute(ws, "print(y)")
+        assert (reply["content"]["status"], out.strip()) == ("ok", "42")
+        ws.close()
+    finally:
+        second.stop()
