@@ -6,12 +6,14 @@
  * statusbar.tsx, panel.tsx, kernelindicator.ts and running.ts, the commands
  * in commands.ts, the restart dialog in dialogs.ts.
  *
- * Four plugins: the model (shared); two that replace JupyterLab's own
+ * Five plugins: the model (shared); three that replace JupyterLab's own
  * (disabled in package.json), for what JupyterLab 4.6 has no extension point
  * for: the session dialogs (`@jupyterlab/apputils-extension:sessionDialogs`:
- * a restart of a suspended kernel says where its saved state goes) and the
+ * a restart of a suspended kernel says where its saved state goes), the
  * status bar's kernel status (`@jupyterlab/apputils-extension:kernel-status`:
- * "Suspended to disk" instead of "Idle"); and the UI.
+ * "Suspended to disk" instead of "Idle") and the notebook's cell executor
+ * (`@jupyterlab/notebook-extension:cell-executor`: a cell run while the
+ * kernel is still starting waits for it instead of being dropped); and the UI.
  */
 import {
   ILabShell,
@@ -28,6 +30,7 @@ import {
 } from '@jupyterlab/apputils';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import {
+  INotebookCellExecutor,
   INotebookTracker,
   INotebookWidgetFactory,
   NotebookActions,
@@ -40,6 +43,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
+import { cellExecutor } from './cellexecutor';
 import { addCommands, currentKernelId, panelForKernel } from './commands';
 import { GpucrSessionDialogs } from './dialogs';
 import { GpucrKernelIndicator } from './kernelindicator';
@@ -103,6 +107,15 @@ const dialogsPlugin: JupyterFrontEndPlugin<ISessionContextDialogs> = {
       translator: translator ?? undefined,
       settingRegistry
     })
+};
+
+const cellExecutorPlugin: JupyterFrontEndPlugin<INotebookCellExecutor> = {
+  id: 'jupyter-gpucr:cell-executor',
+  description:
+    "JupyterLab's notebook cell executor; a cell run while the kernel starts waits for it.",
+  autoStart: true,
+  provides: INotebookCellExecutor,
+  activate: () => cellExecutor
 };
 
 /**
@@ -406,4 +419,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [modelPlugin, dialogsPlugin, kernelStatusPlugin, plugin];
+export default [
+  modelPlugin,
+  dialogsPlugin,
+  kernelStatusPlugin,
+  cellExecutorPlugin,
+  plugin
+];
