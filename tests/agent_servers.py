@@ -28,24 +28,27 @@ def free_port() -> int:
 
 class Served:
     """``kind`` "server" (jupyter server with the gpucr extension) or "gateway" (``jupyter
-    kernelgateway`` with gpucr's API module); ``options`` are added to its command line."""
+    kernelgateway`` with gpucr's API module); ``options`` are added to its command line; an empty
+    ``token`` turns authentication off."""
 
-    def __init__(self, kind: str, root: Path, store: Path, *options: str) -> None:
+    def __init__(self, kind: str, root: Path, store: Path, *options: str, token: str = TOKEN) -> None:
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.headers = {"Authorization": f"token {TOKEN}"}
+        self.headers = {"Authorization": f"token {token}"} if token else {}
         self.log = root / f"{kind}.log"
         root.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
         if kind == "gateway":
             cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.api=jupyter_gpucr.gateway",
                    f"--KernelGatewayApp.port={self.port}", "--KernelGatewayApp.ip=127.0.0.1",
-                   f"--KernelGatewayApp.auth_token={TOKEN}"]
+                   f"--KernelGatewayApp.auth_token={token}"]
         else:
             cmd = [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
-                   "--allow-root", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}",
+                   "--allow-root", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
                    "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}"]
+            if not token:  # then nothing tells a script from a page the browser was tricked into
+                cmd.append("--ServerApp.disable_check_xsrf=True")
         self.proc = subprocess.Popen([*cmd, f"--GPUCR.store={store}", *options], cwd=root,
                                      stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env)
 

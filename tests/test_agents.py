@@ -1,0 +1,127 @@
+"""Agent frameworks' own kernel clients, unmodified and without a model, against a jupyter server
+with gpucr and a Kernel Gateway with gpucr: state set, suspended on request (the process gone),
+suspended when idle with the client still connected; each next action gets the right answer and
+the client sees no error."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+from autogen_core import CancellationToken
+from autogen_core.code_executor import CodeBlock
+from autogen_ext.code_executors.docker_jupyter import DockerJupyterCodeExecutor
+from autogen_ext.code_executors.docker_jupyter._jupyter_server import JupyterConnectionInfo  # not exported in 0.7.5
+from jupyter_server.gateway.gateway_client import GatewayClient
+from jupyter_server.gateway.managers import GatewayKernelClient
+from smolagents.monitoring import AgentLogger, LogLevel
+from smolagents.remote_executors import DockerExecutor, RemotePythonExecutor, _create_kernel_http
+
+from .agent_servers import TOKEN, Served, kernel_processes, kill_leftovers
+from .conftest import criu_or_skip
+
+IDLE = ("--GPUCR.idle_timeout=3", "--GPUCR.idle_check_interval=1", "--GPUCR.suspend_connected=True")
+
+Run = Callable[[str], Awaitable[str]]  # one agent action: code in, what the agent reads out
+
+
+@pytest.fixture(params=["server", "gateway"])
+def served(request, tmp_path) -> Iterator[Served]:
+    """Started here, waited for in the test (async fixtures need a plugin this suite does not use)."""
+    criu_or_skip()
+    # jupyter_server's gateway kernel client sends no credentials on its websocket (checked in 2.21)
+    token = "" if request.function.__name__ == "test_jupyter_client_through_the_websocket" else TOKEN
+    s = Served(request.param, tmp_path / "root", tmp_path / "store", *IDLE, token=token)
+    try:
+        yield s
+    finally:
+        s.stop()
+        kill_leftovers(tmp_path)
+
+
+async def _only_kernel(served: Served) -> str:
+    [kernel] = await served.request("api/gpucr/kernels")
+    return kernel["kernel_id"]
+
+
+async def _survives_suspends(served: Served, run: Run) -> None:
+    """The agent's cycle: set state; suspended on request; idle-suspended while connected."""
+    await served.wait_ready()
+    assert (await run("x = 41\nprint('set')")).strip() == "set"
+    kid = await _only_kernel(served)
+    await served.suspend(kid)
+    assert kernel_processes(kid) == []
+    assert (await run("x += 1\nprint(x)")).strip() == "42"
+    assert await served.state(kid) == "running"
+    await served.wait_state(kid, "suspended", timeout=30)
+    assert kernel_processes(kid) == []
+    assert (await run("x += 1\nprint(x)")).strip() == "43"
+    assert await _only_kernel(served) == kid
+
+
+async def test_autogen_docker_jupyter_executor(served: Served) -> None:
+    """autogen-ext's executor keeps one websocket for the kernel's life and asks for
+    ``kernel_info`` (60 s) before every block."""
+    info = JupyterConnectionInfo(host="127.0.0.1", use_https=False, port=served.port, token=TOKEN)
+    executor = DockerJupyterCodeExecutor(info, timeout=60)
+    await served.wait_ready()
+
+    async def run(code: str) -> str:
+        result = await executor.execute_code_blocks([CodeBlock(code=code, language="python")], CancellationToken())
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    try:
+        await _survives_suspends(served, run)
+    finally:
+        await executor.stop()
+
+
+async def test_smolagents_kernel_gateway_executor(served: Served) -> None:
+    """smolagents' Docker executor's own code with the container left out: a kernel made over
+    HTTP, a new websocket for every code action; an error in the kernel raises AgentError."""
+    await served.wait_ready()
+    executor = DockerExecutor.__new__(DockerExecutor)  # its __init__ builds and starts a Docker container
+    RemotePythonExecutor.__init__(executor, [], AgentLogger(level=LogLevel.ERROR))
+    executor.kernel_id = _create_kernel_http(f"{served.url}/api/kernels?token={TOKEN}", executor.logger)
+    executor.ws_url = f"ws://127.0.0.1:{served.port}/api/kernels/{executor.kernel_id}/channels?token={TOKEN}"
+
+    async def run(code: str) -> str:
+        return (await asyncio.to_thread(executor, code)).logs
+
+    await _survives_suspends(served, run)
+
+
+async def test_jupyter_client_through_the_websocket(served: Served) -> None:
+    """jupyter_client's kernel client API over the websocket, as jupyter_server's gateway client
+    (a JupyterLab started with --gateway-url) talks to a gateway."""
+    await served.wait_ready()
+    GatewayClient.clear_instance()
+    GatewayClient.instance(url=served.url, auth_token=TOKEN)
+    kid = await served.start_kernel()
+    client = GatewayKernelClient(kernel_id=kid)
+    await client.start_channels()
+
+    async def run(code: str) -> str:
+        msg_id = client.execute(code)
+        out: list[str] = []
+        while True:  # iopub up to the request's idle, as jupyter_client's own callers read it
+            msg = await client.get_iopub_msg(timeout=120)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            assert msg["msg_type"] != "error", msg["content"]
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        reply = await client.get_shell_msg(timeout=120)
+        assert (reply["parent_header"]["msg_id"], reply["content"]["status"]) == (msg_id, "ok"), reply["content"]
+        return "".join(out)
+
+    try:
+        await client.wait_for_ready(timeout=60)
+        await _survives_suspends(served, run)
+    finally:
+        client.stop_channels()
+        await served.wait_ready()
+    GatewayClient.clear_instance()
