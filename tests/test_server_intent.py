@@ -132,20 +132,35 @@ async def test_shutdown_and_restart_keep_the_saved_state_in_the_trash(jp_fetch, 
     ws = await open_ws(jp_ws_fetch, kid, "after-restart")
     _, out, _ = await execute(ws, "print('x' in globals())")
     assert out == "False\n"  # a fresh kernel, as the user asked
-    ws.close()
-    with pytest.raises(HTTPClientError) as err:  # the id is taken by the fresh kernel
+    with pytest.raises(HTTPClientError) as err:  # the id is taken by the fresh kernel: the user decides
         await jp_fetch("api", "gpucr", "trash", trash[0]["id"], "restore", method="POST", body="{}")
-    assert err.value.code == 409 and b"Shut that kernel down first" in err.value.response.body
-    await jp_fetch("api", "kernels", kid, method="DELETE")  # Kernel > Shut Down
-    st = await fetch_json(jp_fetch, "api", "gpucr", "trash", trash[0]["id"], "restore", method="POST", body={})
+    answer = json.loads(err.value.response.body)
+    assert err.value.code == 409 and answer["error"] == "KernelReplacedError"
+    assert answer["message"] == "keep.ipynb was restarted after its state was saved: a new kernel runs in its place."
+    # "Shut down the new kernel and restore the saved one", in one step; the notebook keeps its one session
+    st = await fetch_json(jp_fetch, "api", "gpucr", "trash", trash[0]["id"], "restore", method="POST",
+                          body={"replace": True})
     assert st["state"] == "suspended" and st["kernel_id"] == kid
+    assert [s["path"] for s in await fetch_json(jp_fetch, "api", "sessions")] == ["keep.ipynb"]
+    while await asyncio.wait_for(ws.read_message(), 5) is not None:  # closed (after what was on its way):
+        pass  # its client reconnects, to the kernel listed again
     ws = await open_ws(jp_ws_fetch, kid, "back")
     _, out, _ = await execute(ws, "print(x)")
     assert out == "42\n"
+    # A client that reconnects its open notebook itself gets no session made for it
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     ws.close()
-    await jp_fetch("api", "kernels", kid, method="DELETE")  # a running kernel: its checkpoints go with it
+    session = (await fetch_json(jp_fetch, "api", "sessions"))[0]["id"]
+    await jp_fetch("api", "sessions", session, method="DELETE")  # JupyterLab's Kernel > Shut Down: to the trash
+    trash = await fetch_json(jp_fetch, "api", "gpucr", "trash")
+    st = await fetch_json(jp_fetch, "api", "gpucr", "trash", trash[0]["id"], "restore", method="POST",
+                          body={"sessions": False})
+    assert st["state"] == "suspended" and await fetch_json(jp_fetch, "api", "sessions") == []
+    await jp_fetch("api", "kernels", kid, method="DELETE")  # on disk again: to the trash again
+    trash = await fetch_json(jp_fetch, "api", "gpucr", "trash")
+    assert [(t["kernel_id"], t["reason"]) for t in trash] == [(kid, "shutdown")]
+    await jp_fetch("api", "gpucr", "trash", trash[0]["id"], method="DELETE")
     assert await fetch_json(jp_fetch, "api", "gpucr", "checkpoints") == []
-    assert await fetch_json(jp_fetch, "api", "gpucr", "trash") == []
 
 
 async def test_opening_a_suspended_kernel_reads_its_checkpoint_into_the_page_cache(jp_fetch, jp_ws_fetch,

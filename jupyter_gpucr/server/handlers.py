@@ -158,8 +158,12 @@ class TrashRestoreHandler(GPUCRHandler):
     @web.authenticated
     @authorized(action="write")
     async def post(self, trash_id: str) -> None:
+        body = self.body()
+        replace, sessions = body.get("replace", False), body.get("sessions", True)
+        if not isinstance(replace, bool) or not isinstance(sessions, bool):
+            raise web.HTTPError(400, "'replace' and 'sessions' are true or false.")
         try:
-            st = await self.service.restore_from_trash(trash_id)
+            st = await self.service.restore_from_trash(trash_id, replace=replace, sessions=sessions)
             self.finish(json.dumps(await self.kernel_state(st.kernel_id)))
         except GPUCRError as e:
             self.fail(e)

@@ -54,6 +54,16 @@ class KernelBusyError(StateError):
         return {**super().to_dict(), "options": self.options}
 
 
+class KernelReplacedError(StateError):
+    """A trashed kernel's id is taken by the fresh kernel its restart started. Restoring shuts
+    that one down (``replace``), which only the user can decide."""
+
+    def __init__(self, notebook_path: str | None) -> None:
+        what = os.path.basename(notebook_path) if notebook_path else "This kernel"
+        super().__init__(f"{what} was restarted after its state was saved: a new kernel runs in its place.",
+                         "Restore with {\"replace\": true} to shut the new kernel down and bring the saved one back.")
+
+
 class KernelSuspender:
     """Suspends and resumes the kernels of one server; see the module docstring."""
 
@@ -493,17 +503,41 @@ class KernelSuspender:
         self.store.purge_trash(self.options.trash_hours * 3600)
         return self.store.list_trash(self.options.trash_hours * 3600)
 
-    async def restore_from_trash(self, trash_id: str) -> KernelState:
-        """List a trashed kernel again, suspended, under its old id."""
+    async def restore_from_trash(self, trash_id: str, replace: bool = False, sessions: bool = True) -> KernelState:
+        """List a trashed kernel again, suspended, under its old id.
+
+        After a restart the fresh kernel has that id: ``replace`` shuts it down first (its state
+        is lost, or goes to the trash if it is on disk), else :class:`KernelReplacedError`.
+        ``sessions``: give the kernel its notebook sessions back; a client that connects the
+        notebook it has open itself says False, or that notebook would get a second session."""
         items = {t["id"]: t for t in self.store.list_trash(self.options.trash_hours * 3600)}
         item = items.get(trash_id)
         if item is None:
             raise NotFoundError(f"Nothing in the trash is called {trash_id!r}.", "List it with GET /api/gpucr/trash.")
-        if item.get("kernel_id") and item["kernel_id"] in self.kernel_manager:
-            raise StateError(f"Kernel {item['kernel_id']} runs again under the same id (it was restarted).",
-                             "Shut that kernel down first, then bring the saved state back.")
+        kernel_id = item.get("kernel_id")
+        if kernel_id and kernel_id in self.kernel_manager:
+            if not replace:
+                raise KernelReplacedError(item.get("notebook_path"))
+            self.log.info("gpucr: shutting down kernel %s, restarted since it went to the trash, to restore %s",
+                          kernel_id, trash_id)
+            await self.kernel_manager.shutdown_kernel(kernel_id)
+            await self._drop_connections(kernel_id)
         name = self.store.untrash(trash_id)
-        return await self._list_on_disk(name, self._latest(name))
+        return await self._list_on_disk(name, self._latest(name), sessions=sessions)
+
+    async def _drop_connections(self, kernel_id: str, timeout: float = 2.0) -> None:
+        """Close the websockets of a kernel just shut down under an id that is about to be listed
+        again: jupyter_server leaves them open, connected to the gone process, and a request sent
+        on one would never be answered. Their clients reconnect, to the kernel listed again. Waits
+        (bounded) until they are gone, so that none is counted against the kernel listed again."""
+        for conn in self.kernel_manager.connections_of(kernel_id):
+            handler = getattr(conn, "websocket_handler", None)
+            if handler is not None:
+                handler.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.kernel_manager.connections_of(kernel_id) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     def delete_trash(self, trash_id: str) -> None:
         self.store.delete_trash(trash_id)
@@ -569,9 +603,9 @@ class KernelSuspender:
         extra = {"kernel": kernel, "engine_reason": m.get("engine_reason") or "whole process, after a server crash"}
         return await asyncio.to_thread(self.checkpointer.checkpoint, name, False, "recovered", extra)
 
-    async def _list_on_disk(self, name: str, ckpt: Checkpoint) -> KernelState:
+    async def _list_on_disk(self, name: str, ckpt: Checkpoint, sessions: bool = True) -> KernelState:
         kernel = ckpt.manifest["kernel"]
-        await self.kernel_manager.list_suspended(kernel)
+        await self.kernel_manager.list_suspended(kernel if sessions else {**kernel, "sessions": []})
         self._saved[name] = kernel.get("saved_replies") or {"kernel_info": kernel.get("kernel_info")}
         rec = self.store.read_proc(name)
         st = KernelState(name, state=SUSPENDED, kind=_kind(ckpt), engine=ckpt.manifest.get("engine"),

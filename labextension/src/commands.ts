@@ -29,6 +29,8 @@ import {
   canSuspend,
   fitToast,
   kernelLabel,
+  plainError,
+  replaceQuestion,
   trashWarning
 } from './state';
 import { CommandIDs } from './tokens';
@@ -73,9 +75,10 @@ export function addCommands(ctx: ICommandContext): void {
   const targetKernel = (args: ReadonlyPartialJSONObject): string | null =>
     (args.kernelId as string | undefined) ?? currentKernelId(tracker);
 
-  const errorText = (error: unknown): string =>
+  /** An error in plain words: kernel ids replaced by `name`, no HTTP status. */
+  const errorText = (error: unknown, name: string): string =>
     error instanceof GpucrRequestError
-      ? `${error.message} (HTTP ${error.status})`
+      ? plainError(error.message, error.reason, name)
       : String((error as Error)?.message ?? error);
 
   commands.addCommand(CommandIDs.suspend, {
@@ -169,7 +172,9 @@ export function addCommands(ctx: ICommandContext): void {
         await model.cancelSuspend(kernelId);
       } catch (error) {
         Notification.warning(
-          fitToast(`Could not cancel the suspend: ${errorText(error)}`),
+          fitToast(
+            `Could not cancel the suspend: ${errorText(error, notifier.label(kernelId))}`
+          ),
           { autoClose: 8000 }
         );
       }
@@ -250,7 +255,7 @@ export function addCommands(ctx: ICommandContext): void {
         }
       } catch (error) {
         Notification.error(
-          fitToast(`Could not shut down ${name}: ${errorText(error)}`),
+          fitToast(`Could not shut down ${name}: ${errorText(error, name)}`),
           { autoClose: false }
         );
         return;
@@ -323,9 +328,28 @@ export function addCommands(ctx: ICommandContext): void {
         });
       } catch (error) {
         Notification.error(
-          fitToast(`Could not delete the checkpoint: ${errorText(error)}`),
+          fitToast(
+            `Could not delete the checkpoint: ${errorText(error, what)}`
+          ),
           { autoClose: false }
         );
+      }
+    }
+  });
+
+  // A failed restore's warning, by trash id: closed once the item left the trash.
+  const trashWarnings = new Map<string, string>();
+  const dismissTrashWarning = (trashId: string) => {
+    const id = trashWarnings.get(trashId);
+    if (id !== undefined) {
+      Notification.dismiss(id);
+      trashWarnings.delete(trashId);
+    }
+  };
+  model.changed.connect(() => {
+    for (const trashId of [...trashWarnings.keys()]) {
+      if (!model.trash.some(t => t.id === trashId)) {
+        dismissTrashWarning(trashId);
       }
     }
   });
@@ -339,25 +363,68 @@ export function addCommands(ctx: ICommandContext): void {
       if (!item) {
         return;
       }
+      dismissTrashWarning(item.id);
       const name = kernelLabel(item.kernel_id ?? '', item.notebook_path);
-      let state;
-      try {
-        state = await model.restoreFromTrash(item.id);
-      } catch (error) {
-        Notification.warning(
-          fitToast(`Could not restore ${name}: ${errorText(error)}`),
-          { autoClose: false }
-        );
-        return;
-      }
-      // An open notebook without a kernel takes its kernel back.
-      const panel = tracker.find(
+      // The notebook, open without a kernel, takes its kernel back itself:
+      // the server makes no session for it (it would have two).
+      const waiting = tracker.find(
         p =>
-          p.context.path === (state.notebook_path ?? item.notebook_path) &&
+          p.context.path === item.notebook_path &&
           !p.sessionContext.session?.kernel
       );
-      if (panel) {
-        await panel.sessionContext.changeKernel({ id: state.kernel_id });
+      const restore = (replace: boolean) =>
+        model.restoreFromTrash(item.id, { replace, sessions: !waiting });
+      const warn = (error: unknown) => {
+        const text = errorText(error, name);
+        trashWarnings.set(
+          item.id,
+          Notification.warning(fitToast(`Could not restore ${name}: ${text}`), {
+            autoClose: false,
+            actions: [
+              {
+                label: 'Details',
+                displayType: 'link',
+                callback: () =>
+                  void showDialog({
+                    title: `Could not restore ${name}`,
+                    body: text,
+                    buttons: [Dialog.okButton({ label: 'Close' })]
+                  })
+              }
+            ]
+          })
+        );
+      };
+      let state;
+      try {
+        state = await restore(false);
+      } catch (error) {
+        if (!(error instanceof GpucrRequestError && error.isReplaced)) {
+          warn(error);
+          return;
+        }
+        const result = await showDialog({
+          title: `Restore the saved state of ${name}?`,
+          body: replaceQuestion(name, model.getKernel(item.kernel_id)),
+          buttons: [
+            Dialog.cancelButton(),
+            Dialog.warnButton({
+              label: 'Shut down the new kernel and restore the saved one'
+            })
+          ]
+        });
+        if (!result.button.accept) {
+          return;
+        }
+        try {
+          state = await restore(true);
+        } catch (again) {
+          warn(again);
+          return;
+        }
+      }
+      if (waiting && !waiting.isDisposed) {
+        await waiting.sessionContext.changeKernel({ id: state.kernel_id });
       }
       Notification.success(
         fitToast(
@@ -393,7 +460,7 @@ export function addCommands(ctx: ICommandContext): void {
         await model.deleteFromTrash(item.id);
       } catch (error) {
         Notification.error(
-          fitToast(`Could not delete ${name}: ${errorText(error)}`),
+          fitToast(`Could not delete ${name}: ${errorText(error, name)}`),
           { autoClose: false }
         );
       }

@@ -50,6 +50,11 @@ export class GpucrRequestError extends Error {
   get isBusy(): boolean {
     return this.status === 409 && this.body?.error === 'KernelBusyError';
   }
+
+  /** Whether a trashed kernel's id is taken by the fresh kernel of a restart. */
+  get isReplaced(): boolean {
+    return this.status === 409 && this.body?.error === 'KernelReplacedError';
+  }
 }
 
 /**
@@ -186,10 +191,13 @@ export class GpucrClient {
   }
 
   /** Put a trashed checkpoint back: its kernel is suspended again. */
-  restoreTrash(trashId: string): Promise<IKernelState> {
+  restoreTrash(
+    trashId: string,
+    options: GpucrClient.IRestoreOptions = {}
+  ): Promise<IKernelState> {
     return requestAPI<IKernelState>(
       `trash/${id(trashId)}/restore`,
-      { method: 'POST', body: '{}' },
+      { method: 'POST', body: JSON.stringify(options) },
       this.serverSettings
     );
   }
@@ -216,6 +224,17 @@ export namespace GpucrClient {
   export interface ISuspendOptions {
     engine?: string;
     when?: SuspendWhen;
+  }
+
+  /** The body of `POST /api/gpucr/trash/{id}/restore`. */
+  export interface IRestoreOptions {
+    /** Shut down the kernel that runs under the same id (a restart's fresh one) first. */
+    replace?: boolean;
+    /**
+     * Give the kernel its notebook sessions back (default); false when this
+     * client connects the notebook it has open itself.
+     */
+    sessions?: boolean;
   }
 }
 
@@ -508,8 +527,11 @@ export class GpucrModel implements IDisposable {
   }
 
   /** Put a trashed checkpoint back; its kernel is suspended again. */
-  async restoreFromTrash(trashId: string): Promise<IKernelState> {
-    const state = await this.client.restoreTrash(trashId);
+  async restoreFromTrash(
+    trashId: string,
+    options: GpucrClient.IRestoreOptions = {}
+  ): Promise<IKernelState> {
+    const state = await this.client.restoreTrash(trashId, options);
     this._setState(state.kernel_id, Private.normalize(state.kernel_id, state));
     await this.refreshLists();
     return this._kernels.get(state.kernel_id)!;

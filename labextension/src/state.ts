@@ -507,6 +507,44 @@ export function sentence(text: string): string {
   return !t || /[.!?…:)]$/.test(t) ? t : `${t}.`;
 }
 
+const KERNEL_ID =
+  /\b(kernel )?[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/gi;
+
+/**
+ * A server's error in plain words for a notice about `name`: what happened
+ * and what to do, with every kernel id replaced by the name the user knows
+ * (and no HTTP status).
+ */
+export function plainError(
+  message: string,
+  hint: string | null | undefined,
+  name: string
+): string {
+  return [sentence(message), sentence(hint ?? '')]
+    .filter(Boolean)
+    .join(' ')
+    .replace(KERNEL_ID, name);
+}
+
+/**
+ * The question before a trashed state replaces the kernel a restart started
+ * under the same id (`current`: that kernel's state, when known).
+ */
+export function replaceQuestion(
+  name: string,
+  current: IKernelState | undefined
+): string {
+  const fate =
+    current?.state === 'suspended'
+      ? 'its own saved state goes to the trash'
+      : 'what it holds is lost';
+  return (
+    `${name} was restarted after this state was saved, and a new kernel runs in it now. ` +
+    `Shut the new kernel down (${fate}) and bring the saved one back? ` +
+    'It comes back suspended: run a cell to wake it.'
+  );
+}
+
 /** A short name for a kernel: its notebook's file name, or its id. */
 export function kernelLabel(
   kernelId: string,

@@ -78,6 +78,14 @@ async function expectTrashed(
   ]);
 }
 
+/** The names of the notebooks of the server's sessions of a kernel. */
+async function sessionsOf(page: Page, kernelId: string): Promise<string[]> {
+  const sessions = await (await page.request.get('/api/sessions')).json();
+  return sessions
+    .filter((s: any) => s.kernel?.id === kernelId)
+    .map((s: any) => s.path.split('/').pop());
+}
+
 /** Wait until JupyterLab in this page is up and has restored its layout. */
 async function waitForLab(page: Page): Promise<void> {
   await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
@@ -330,10 +338,12 @@ test.describe('suspended kernels in JupyterLab', () => {
     ).toContainText('Suspended');
     await expectSuspended(page, kernelId);
 
-    // The notebook has its kernel back; a cell prints the old variable.
+    // The notebook has its kernel back, in one session; a cell prints the old variable.
     await page.notebook.activate(name);
     await expect.poll(() => currentKernelId(page)).toBe(kernelId);
+    expect(await sessionsOf(page, kernelId)).toEqual([name]);
     expect(await runCode(page, 'print(v)')).toContain('kept');
+    expect(await sessionsOf(page, kernelId)).toEqual([name]);
   });
 
   test("JupyterLab's own Kernels section asks before shutting down a suspended kernel", async ({
@@ -428,5 +438,92 @@ test.describe('suspended kernels in JupyterLab', () => {
       kernelId,
       'restart'
     ]);
+  });
+
+  test('Restore from the trash after a restart offers to shut the new kernel down, in plain words', async ({
+    page
+  }) => {
+    const name = 'again.ipynb';
+    const kernelId = await newNotebook(page, name, 'a = 11');
+    await suspendByRest(page, kernelId);
+    await statusSuspended(page);
+    await page.menu.clickMenuItem('Kernel>Restart Kernel…');
+    const dialog = page.locator('.jp-Dialog');
+    await dialog.getByRole('button', { name: 'Restart' }).click();
+    expect(await runCode(page, 'print("new", 2)')).toContain('new 2');
+
+    await page.evaluate(() =>
+      (window as any).jupyterapp.commands.execute('gpucr:open-panel')
+    );
+    const panel = page.locator('#jp-gpucr-panel');
+    const item = panel.locator(`.jp-gpucr-Trash[data-kernel-id="${kernelId}"]`);
+    await expect(item).toContainText('restarted');
+    await item.getByRole('button', { name: 'Restore' }).click();
+    await expect(dialog).toContainText(
+      `${name} was restarted after this state was saved, and a new kernel runs in it now.`
+    );
+    await shot(page, 'trash-restore-after-restart');
+    await dialog
+      .getByRole('button', {
+        name: 'Shut down the new kernel and restore the saved one'
+      })
+      .click();
+    await expect(
+      page.locator('.Toastify__toast').filter({ hasText: `${name} is back` })
+    ).toContainText('suspended');
+    await expect(item).toHaveCount(0);
+    await expectSuspended(page, kernelId);
+    // No warning, no id, no HTTP status anywhere in the notifications.
+    const toasts = await page.locator('.Toastify__toast').allTextContents();
+    expect(toasts.join(' ')).not.toMatch(/HTTP|[0-9a-f]{8}-[0-9a-f]{4}/);
+    // The notebook keeps its one session; its next cell brings the saved kernel back.
+    expect(await sessionsOf(page, kernelId)).toEqual([name]);
+    expect(await runCode(page, 'print(a)')).toContain('11');
+    expect(await sessionsOf(page, kernelId)).toEqual([name]);
+  });
+
+  test('a failed restore from the trash says why in plain words, and its warning goes when the item does', async ({
+    page
+  }) => {
+    const name = 'gone.ipynb';
+    const kernelId = await newNotebook(page, name, 'g = 1');
+    await suspendByRest(page, kernelId);
+    await statusSuspended(page);
+    await page.menu.clickMenuItem('Kernel>Shut Down Kernel');
+    await page
+      .locator('.jp-Dialog')
+      .getByRole('button', { name: 'Shut Down' })
+      .click();
+    await expectTrashed(page, name, kernelId);
+    // The panel lists the item, then closes (its lists stop refreshing).
+    await page.evaluate(() =>
+      (window as any).jupyterapp.commands.execute('gpucr:open-panel')
+    );
+    const panel = page.locator('#jp-gpucr-panel');
+    const item = panel.locator(`.jp-gpucr-Trash[data-kernel-id="${kernelId}"]`);
+    await expect(item).toHaveCount(1);
+    const trashId = await item.getAttribute('data-trash-id');
+    await page.sidebar.close('right');
+    // Another client deletes it meanwhile; Restore here fails.
+    await page.request.delete(`/api/gpucr/trash/${trashId}`);
+    await page.evaluate(
+      id =>
+        (window as any).jupyterapp.commands.execute(
+          'gpucr:restore-from-trash',
+          { trashId: id }
+        ),
+      trashId
+    );
+    const warning = page
+      .locator('.Toastify__toast')
+      .filter({ hasText: `Could not restore ${name}` });
+    await expect(warning).toHaveCount(1);
+    expect(await warning.textContent()).not.toMatch(/HTTP|\(\d{3}\)/);
+    // The panel refreshes: the item is gone, and so is the warning.
+    await page.evaluate(() =>
+      (window as any).jupyterapp.commands.execute('gpucr:open-panel')
+    );
+    await expect(item).toHaveCount(0);
+    await expect(warning).toHaveCount(0);
   });
 });

@@ -14,7 +14,9 @@ import {
   kernelLabel,
   kindLabel,
   mergeEvent,
+  plainError,
   PollOrder,
+  replaceQuestion,
   stateChanged,
   TOAST_MAX,
   transitionNotice,
@@ -570,6 +572,29 @@ describe('words', () => {
     assert.equal(
       text,
       'The suspended state of train.ipynb (5.0 GiB, saved at 14:02) goes to the trash for 24 h; you can bring it back from the gpucr panel.'
+    );
+  });
+  it('puts server errors in plain words: the name instead of the kernel id, no HTTP status', () => {
+    assert.equal(
+      plainError(
+        'Kernel 601e633f-1c2d-4e5f-8a9b-0c1d2e3f4a5b is being restored from this checkpoint',
+        'Try again later.',
+        'train.ipynb'
+      ),
+      'train.ipynb is being restored from this checkpoint. Try again later.'
+    );
+    assert.equal(plainError('Disk full.', null, 'x.ipynb'), 'Disk full.');
+  });
+  it('asks before a trashed state replaces the kernel a restart started', () => {
+    const running = replaceQuestion('train.ipynb', kernel());
+    assert.match(
+      running,
+      /^train\.ipynb was restarted after this state was saved, and a new kernel runs in it now\./
+    );
+    assert.match(running, /what it holds is lost/);
+    assert.match(
+      replaceQuestion('train.ipynb', kernel({ state: 'suspended' })),
+      /its own saved state goes to the trash/
     );
   });
   it('heads the doctor report with what fails', () => {
