@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,7 +40,8 @@ from .errors import (
     PutBackError,
     StateError,
 )
-from .launcher import HOLDER, Started, start_holder
+from .identity import ProcId
+from .launcher import HolderRecord, Started, live_holders, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, tree, tree_rss, wait_gone
 from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, fsync_trees, name_of_id, private_files, read_json
@@ -629,26 +630,28 @@ class Checkpointer:
             self._wait_for_criu(name, RECOVER_WAIT)
             self._recover_locked(name)
 
-    def _holders(self, name: str) -> list[tuple[int, str]]:
-        """(host PID, mode) of the namespace holders started for ``name`` that still run."""
-        status_arg = f"--status={self.store.procs_root / name / '.status'}"
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            argv = proc.info["cmdline"] or []
-            if status_arg in argv and str(HOLDER) in argv:
-                i = argv.index(status_arg)
-                found.append((proc.pid, argv[i + 1] if i + 1 < len(argv) else ""))
-        return found
+    def _holders(self, name: str) -> list[HolderRecord]:
+        """The namespace holders started for ``name`` that still run, newest first: those whose PID
+        and start time were recorded when they started (see ``launcher``), never a process found
+        by its command line (anyone can show a holder's arguments in ``ps``)."""
+        return live_holders(self.store.proc_dir(name))
 
     def _find_workload(self, name: str, rec: dict[str, Any]) -> int | None:
-        """Host PID of the live process of ``name``: the one its namespace holder runs under the
-        recorded PID, or, for an adopted process never restored, the recorded PID itself."""
+        """Host PID of the live process of ``name``: the one a recorded holder runs under the
+        recorded PID in its namespace, or, for an adopted process never restored, the recorded
+        PID itself while it has the recorded start time."""
         ns_pids = {rec.get("ns_pid"), (rec.get("restoring") or {}).get("ns_pid")} - {None}
-        for holder, _mode in self._holders(name):
-            for ns_pid in ns_pids:
-                pid = find_descendant_by_ns_pid(holder, cast(int, ns_pid))
-                if pid:
-                    return pid
+        for holder in self._holders(name):
+            if holder.workload is not None:  # a later process under its PID is not it
+                if holder.ns_pid in ns_pids and holder.workload.alive():
+                    return holder.workload.pid
+                continue
+            for ns_pid in ns_pids:  # its launcher died before recording it
+                pid = find_descendant_by_ns_pid(holder.holder.pid, cast(int, ns_pid))
+                found = ProcId.of(pid) if pid else None
+                if found is not None:
+                    replace(holder, ns_pid=ns_pid, workload=found).write()  # for the daemon's owner checks
+                    return found.pid
         pid = rec.get("pid")
         if rec.get("adopted") and is_alive(pid) and abs(psutil.Process(pid).create_time() - rec.get("created", 0)) < 1:
             return pid
@@ -667,14 +670,20 @@ class Checkpointer:
             time.sleep(0.05)
 
     def _in_flight(self, name: str) -> str | None:
-        dirs = self.store.tmp_dirs(name) + [c.path for c in self.store.list_checkpoints(name)]
-        pids = at_work_in(dirs)
+        """What still works on ``name``, by the records only: a recorded CRIU dump that runs, or a
+        recorded restore holder that has not reported its process yet or whose page daemon is
+        still bringing the memory back."""
+        pids = at_work_in(self.store.tmp_dirs(name))
         if pids:
             return f"CRIU (PID {pids[0]}) is still working"
-        rec = read_json(self.store.procs_root / name / "run.json") or {}
-        for holder, mode in self._holders(name):
-            if mode == "restore" and not self._find_workload(name, rec) and is_alive(holder):
-                return f"A restore (holder PID {holder}) is still starting"
+        status = self.store.proc_dir(name) / ".status"
+        for holder in self._holders(name):
+            if holder.mode != "restore":
+                continue
+            if holder.ns_pid is None and not status.exists():
+                return f"A restore (holder PID {holder.holder.pid}) is still starting"
+            if self._pages(name).get("pages") == "lazy":
+                return f"A restore (holder PID {holder.holder.pid}) is still bringing the memory back"
         return None
 
     def _recover_locked(self, name: str) -> Recovery:

@@ -7,7 +7,6 @@ restored tree gets its original PIDs whatever the host is doing with them.
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import re
 import shutil
@@ -20,10 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from .errors import EngineError, PreconditionError
-from .launcher import HOLDER
+from .identity import CRIU_RECORD, criu_at_work, spawn_recorded, write_record
 from .pagefill import FillError, read_varint, varint_fields
 from .procs import in_own_pidns, innermost_pid
 
@@ -154,16 +151,26 @@ def dump_stats(workdir: Path) -> dict[str, float]:
 
 
 def at_work_in(dirs: list[Path]) -> list[int]:
-    """PIDs of CRIU runs (dump or restore) whose work directory is one of ``dirs``: while one runs,
-    the images there are being written or read and the process is in flux."""
-    wanted = {str(d) for d in dirs}
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        argv = proc.info["cmdline"] or []
-        # A restore's holder carries the CRIU command in its arguments and outlives it.
-        if str(HOLDER) not in argv and any(a == "-W" and b in wanted for a, b in itertools.pairwise(argv)):
-            found.append(proc.pid)
-    return found
+    """PIDs of the CRIU dumps recorded in ``dirs`` (work directories) that still run: while one runs,
+    the images there are being written and the process is in flux. Only the recorded run counts
+    (see :meth:`Criu.dump`), never a process that merely shows such a directory in its arguments."""
+    return [proc.pid for proc in map(criu_at_work, dirs) if proc is not None]
+
+
+def _run_recorded(argv: list[str], workdir: Path) -> tuple[int, str]:
+    """Run CRIU, its PID and start time recorded in ``workdir`` (see :func:`at_work_in`) before it
+    may start and until it ends; its exit code and stderr."""
+    record = workdir / CRIU_RECORD
+    proc, _ = spawn_recorded(argv, lambda me: write_record(record, me.to_dict()), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _out, err = proc.communicate()
+    except BaseException:
+        proc.kill()  # interrupted before knowing the outcome, as subprocess.run does
+        proc.wait()
+        raise
+    record.unlink(missing_ok=True)
+    return proc.returncode, err
 
 
 def find_criu(explicit: str | None = None) -> str | None:
@@ -187,6 +194,10 @@ class Criu:
                 "Install CRIU 4.2+ (scripts/install-criu.sh does) or set GPUCR_CRIU to its path.",
             )
         self.path = found
+        #: Called with the host PID of a tree right before CRIU dumps it; it may stop and check the
+        #: tree, raising to refuse the dump (with the tree as it found it), and returns what puts
+        #: the tree back as it was, called after a failed dump or one that leaves it running.
+        self.before_seize: Callable[[int], Callable[[], None]] | None = None
         self.version = self._version()
         if self.version < MIN_VERSION:
             raise PreconditionError(
@@ -221,6 +232,9 @@ class Criu:
 
         On failure CRIU resumes the tree, so the process keeps running; we raise with the reason,
         and CRIU's log is copied to ``keep_log`` (the work directory is discarded).
+
+        CRIU's PID and start time are recorded in ``workdir`` before it may start, so that whoever
+        finds the directory after this process died knows whether that CRIU still works.
         """
         argv = [self.path, "dump", "-D", str(images), "-W", str(workdir), "-o", "dump.log", *COMMON_OPTS, *DUMP_OPTS]
         if leave_running:
@@ -231,11 +245,19 @@ class Criu:
             argv = ["nsenter", "-t", str(pid), "-p", "-m", "--", *argv, "-t", str(innermost_pid(pid))]
         else:
             argv += ["-t", str(pid)]
-        start = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, text=True)
-        elapsed = time.perf_counter() - start
-        if proc.returncode != 0:
-            failure = _locks_exhausted(explain_log(workdir / "dump.log", proc.returncode, proc.stderr))
+        thaw = self.before_seize(pid) if self.before_seize is not None else None
+        try:
+            start = time.perf_counter()
+            returncode, stderr = _run_recorded(argv, workdir)
+            elapsed = time.perf_counter() - start
+        except BaseException:
+            if thaw is not None:
+                thaw()
+            raise
+        if thaw is not None and (returncode != 0 or leave_running):
+            thaw()
+        if returncode != 0:
+            failure = _locks_exhausted(explain_log(workdir / "dump.log", returncode, stderr))
             hint = failure.hint
             if keep_log is not None and (workdir / "dump.log").exists():
                 try:  # best effort: the disk may be the very thing that is full

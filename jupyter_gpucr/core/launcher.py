@@ -1,4 +1,9 @@
-"""Start a holder (PID 1 of a fresh PID + mount namespace) and wait until it reports."""
+"""Start a holder (PID 1 of a fresh PID + mount namespace) and wait until it reports.
+
+Each holder is recorded beside its status file (``.holder-PID.json``: its PID and start time, then
+the workload's) before it may run (``identity.spawn_recorded``): recovery and the daemon find
+holders and workloads by these records only, never by command line.
+"""
 from __future__ import annotations
 
 import json
@@ -8,10 +13,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import EngineError, PreconditionError
+from .identity import ProcId, read_record, spawn_recorded, write_record
 from .procs import find_descendant_by_ns_pid
 
 # jupyter_client sets this so ipykernel exits when its parent changes; inside a holder the
@@ -24,6 +30,7 @@ HOLDER = Path(__file__).with_name("holder.py")
 # this, it has already exited (a kernel that dies at start must not be waited on for minutes).
 FIND_GRACE = 5.0
 TAIL_LINES = 12
+HOLDER_RECORD_PREFIX = ".holder-"
 
 
 class ExitedAtStart(EngineError):
@@ -43,6 +50,50 @@ class Started:
     holder_pid: int  # host PID of the ``unshare`` process that owns the namespace
     pid: int  # host PID of the workload (what signals and the CUDA driver take)
     ns_pid: int  # its PID inside the namespace (what CRIU records)
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """What :func:`start_holder` recorded about one holder: the holder itself as soon as it
+    exists, ``ns_pid`` once it reported the workload's PID in its namespace, ``workload`` once that
+    was found on the host."""
+
+    path: Path
+    holder: ProcId
+    mode: str  # "run" or "restore"
+    ns_pid: int | None = None
+    workload: ProcId | None = None
+
+    def write(self) -> None:
+        write_record(self.path, {"holder": self.holder.to_dict(), "mode": self.mode, "ns_pid": self.ns_pid,
+                                 "workload": self.workload.to_dict() if self.workload else None})
+
+    @classmethod
+    def read(cls, path: Path) -> HolderRecord | None:
+        data = read_record(path) or {}
+        holder = ProcId.from_dict(data.get("holder"))
+        if holder is None:
+            return None
+        ns_pid = data.get("ns_pid")
+        return cls(path, holder, str(data.get("mode")), ns_pid if isinstance(ns_pid, int) else None,
+                   ProcId.from_dict(data.get("workload")))
+
+
+def holder_records(directory: Path) -> list[HolderRecord]:
+    """The holders recorded in ``directory`` (a process's folder in the store), newest first."""
+    found = [HolderRecord.read(p) for p in directory.glob(f"{HOLDER_RECORD_PREFIX}*.json")]
+    return sorted((r for r in found if r is not None), key=lambda r: r.holder.start, reverse=True)
+
+
+def live_holders(directory: Path) -> list[HolderRecord]:
+    """The recorded holders that still run, newest first; the records of the others are removed."""
+    live = []
+    for record in holder_records(directory):
+        if record.holder.alive():
+            live.append(record)
+        else:
+            record.path.unlink(missing_ok=True)
+    return live
 
 
 def unshare_argv(holder_args: list[str]) -> list[str]:
@@ -73,40 +124,51 @@ def start_holder(
     log_path: Path | None = None,
 ) -> Started | None:
     """Start a holder; return where the workload runs, or None when a restore failed (CRIU's log
-    says why). A command that cannot start, or exits at once, raises EngineError saying why."""
+    says why). A command that cannot start, or exits at once, raises EngineError saying why.
+    The holder is recorded in ``status_path``'s folder (see :class:`HolderRecord`)."""
     status_path.unlink(missing_ok=True)
+    live_holders(status_path.parent)  # drops the records of holders that are gone
     stderr = _option(holder_args, "--stderr")
     stderr_log = Path(stderr) if stderr else None
     stderr_start, log_start = _size(stderr_log), _size(log_path)
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+
+    def record(holder: ProcId) -> HolderRecord:
+        found = HolderRecord(status_path.parent / f"{HOLDER_RECORD_PREFIX}{holder.pid}.json", holder, holder_args[0])
+        found.write()
+        return found
+
     try:
-        popen = subprocess.Popen(
-            unshare_argv([f"--status={status_path}", *holder_args]),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=clean_env(env),
-            start_new_session=detach,
-            close_fds=True,
-        )
+        popen, recorded = spawn_recorded(unshare_argv([f"--status={status_path}", *holder_args]), record, stdout=log,
+                                         stderr=log, env=clean_env(env), start_new_session=detach, close_fds=True)
+    except OSError as e:
+        raise EngineError(f"Could not start and record the namespace holder in {status_path.parent}: {e.strerror or e}.",
+                          "Free disk space in the checkpoint store and retry.") from None
     finally:
         if not isinstance(log, int):
             log.close()
     status = _await_status(popen, status_path, timeout, log_path, log_start)
     if not status.get("ok"):
+        status_path.unlink(missing_ok=True)
         popen.wait(timeout=10)
         if "error" in status:
             raise _cannot_start(holder_args, status["error"])
         return None
     ns_pid = int(status["ns_pid"])
+    recorded = replace(recorded, ns_pid=ns_pid)
+    recorded.write()  # before the report is gone: recovery reads one or the other
+    status_path.unlink(missing_ok=True)
     host_pid = _find_workload(popen, ns_pid, time.monotonic() + FIND_GRACE)
-    if host_pid is None:
+    workload = ProcId.of(host_pid) if host_pid is not None else None
+    if workload is None:
         raise _exited_at_start(popen, holder_args, stderr_log, stderr_start)
-    return Started(popen, popen.pid, host_pid, ns_pid)
+    replace(recorded, workload=workload).write()
+    return Started(popen, popen.pid, workload.pid, ns_pid)
 
 
 def _await_status(popen: subprocess.Popen, status_path: Path, timeout: float, log_path: Path | None, log_start: int) -> dict:
-    """The holder's report; fails at once when the holder exits without one."""
+    """The holder's report (left in place for the caller to remove once recorded); fails at once
+    when the holder exits without one."""
     deadline = time.monotonic() + timeout
     while not status_path.exists():
         if popen.poll() is not None and not status_path.exists():
@@ -120,9 +182,7 @@ def _await_status(popen: subprocess.Popen, status_path: Path, timeout: float, lo
             raise EngineError(f"The namespace holder did not report within {timeout:.0f} s.",
                               f"See {log_path}." if log_path else "Check that unshare works: 'gpucr doctor'.")
         time.sleep(0.01)
-    status = json.loads(status_path.read_text())
-    status_path.unlink(missing_ok=True)
-    return status
+    return json.loads(status_path.read_text())
 
 
 def _find_workload(popen: subprocess.Popen, ns_pid: int, deadline: float) -> int | None:
