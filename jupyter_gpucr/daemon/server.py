@@ -21,23 +21,26 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from .._version import __version__
 from ..core.checkpointer import Checkpointer, Running
 from ..core.criu import NETWORK_LOCKS_MAX, find_criu
 from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, StateError
-from ..core.launcher import clean_env
+from ..core.identity import ProcId
+from ..core.launcher import HolderRecord, clean_env
 from ..core.names import validate_name
-from ..core.procs import in_own_pidns, innermost_pid, is_alive, namespace_init, namespace_init_of, tree, wait_gone
+from ..core.procs import is_alive, tree, wait_gone
 from ..core.store import Store, make_private_dir, write_json_atomic
+from .caller import caller_of, cgroup_of, move_tree
+from .guard import Owner
 from .listener import Credentials, Limits, Listener, Send
+from .ownership import check_credentials, freeze_checked, launched
 from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, printable
 from .quotas import Quotas, QuotaSettings, mib, parse_size
 
@@ -101,16 +104,30 @@ class Daemon:
         return {"protocol": PROTOCOL_VERSION, "version": __version__, "uid": peer.uid, "user": peer.user, "criu": criu}
 
     def op_run(self, peer: Peer, name: str, command: list[str], cwd: str, env: dict[str, str]) -> dict[str, Any]:
+        """Start ``command`` for the peer, as the peer's user, in a PID and mount namespace of its own.
+
+        What the process keeps of the calling process: its uid and the user's primary gid; its
+        supplementary groups, as far as the group database gives them to the user; its no_new_privs
+        flag; its cgroup (v2), where the daemon can move the process there (else it stays in the
+        daemon's cgroup, and the daemon's log says so). What it does not keep: the caller's
+        namespaces. The process runs in a fresh PID and mount namespace that the daemon (root)
+        makes, but in the host's user, network, IPC, UTS, time and cgroup namespaces and on the
+        host's root filesystem, since CRIU restores a tree only into namespaces it can make again:
+        a caller confined by user, PID or mount namespaces of its own (a container, a sandbox) gets a
+        process outside them. Nor does it keep the caller's seccomp filters, LSM profile or rlimits
+        (it gets the daemon's), or any environment but the one sent, applied once the privileges
+        are dropped (``dropexec``)."""
         _name(name)
         if not (command and all(isinstance(a, str) for a in command)):
             raise ProtocolError("The command must be a non-empty list of strings.")
         if not (isinstance(cwd, str) and cwd.startswith("/")) or not _str_dict(env):
             raise ProtocolError("cwd must be an absolute path and env a mapping of strings.")
         cr = self.checkpointer(peer)
+        caller = caller_of(peer.pid, Owner.of(peer.uid))
         env_file = cr.store.proc_dir(name) / f".env-{secrets.token_hex(8)}"
         write_json_atomic(env_file, clean_env(env))
         wrapped = [sys.executable, "-I", "-S", str(DROPEXEC), f"--uid={peer.uid}", f"--env-file={env_file}", f"--cwd={cwd}",
-                   "--", *command]
+                   *caller.dropexec_args(), "--", *command]
         try:
             running = cr.run(name, wrapped, cwd="/", env=ROOT_ENV, detach=True)
         except BaseException:
@@ -118,6 +135,7 @@ class Daemon:
             raise
         running.record.update(command=command, cwd=cwd, uid=peer.uid, user=peer.user, via="daemon")
         cr.store.write_proc(name, running.record)
+        _await_dropped(running.pid, peer.uid)
         return self._adopt(peer, running)
 
     def op_checkpoint(self, peer: Peer, name: str, progress: Progress, leave_running: bool = False, reason: str = "manual",
@@ -125,7 +143,13 @@ class Daemon:
         cr = self.checkpointer(peer)
         rec = cr.store.read_proc(_name(name))
         if rec.get("state") == "running" and is_alive(rec.get("pid")):
-            _check_owner(rec, peer)
+            try:
+                holder = _check_owner(cr.store.procs_root / name, rec, peer)
+            except GPUCRError as e:
+                e.message += " The process was left running."
+                raise
+            # checked again once frozen: in between, a task could have run a set-user-ID program
+            cr.criu.before_seize = functools.partial(_frozen_for_dump, holder, Owner.of(peer.uid), name)
         extra = {**(extra if isinstance(extra, dict) else {}), "owner": {"uid": peer.uid, "user": peer.user}}
         ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress)
         return {"id": ckpt.id, "manifest": ckpt.manifest, "kept": cr.store.checkpoint_ids(name), "record": cr.store.read_proc(name)}
@@ -145,7 +169,7 @@ class Daemon:
             raise ProtocolError("gpu_bytes_beside must map GPU UUIDs to byte counts.")
         running = cr.restore(name, gpu, ckpt.id, progress, True, beside)
         try:
-            _check_owner(running.record, peer)
+            _check_owner(cr.store.procs_root / name, running.record, peer)
         except GPUCRError:
             _kill_tree(running.pid)
             raise
@@ -174,21 +198,19 @@ class Daemon:
                 cr.store.remove_proc(name)
             return {"removed": [target]}
         rec = cr.store.read_proc(target)
-        if kill and is_alive(rec.get("pid")):
-            _check_owner(rec, peer)
+        if kill and rec.get("state") == "running" and is_alive(rec.get("pid")):
+            launched(cr.store.procs_root / target, rec)  # what it started, whatever that runs now
         return {"removed": cr.remove(target, kill=bool(kill))}
 
     def op_kill(self, peer: Peer, name: str) -> dict[str, Any]:
-        """End the whole namespace of a process the daemon started for this user."""
+        """End the whole namespace of a process the daemon started or restored for this user (its
+        recorded holder, whatever the process runs now: the user may end their own set-ID programs)."""
         cr = self.checkpointer(peer)
         rec = cr.store.read_proc(_name(name))
-        holder = self._holders.get((peer.uid, name))
         pid = rec.get("pid") if rec.get("state") == "running" and is_alive(rec.get("pid")) else None
         if pid is None:
             return {"killed": False}
-        _check_owner(rec, peer)
-        init = namespace_init(holder.pid) if holder and holder.poll() is None else namespace_init_of(pid)
-        os.kill(init or pid, signal.SIGKILL)
+        _kill_holder(launched(cr.store.procs_root / name, rec).holder)
         wait_gone(pid, 10)
         return {"killed": True}
 
@@ -203,8 +225,10 @@ class Daemon:
         return {"returncode": holder.poll() if holder else None}
 
     def _adopt(self, peer: Peer, running: Running) -> dict[str, Any]:
-        """Remember the holder (for kill and exit codes) and reap it when it exits."""
+        """Remember the holder of a process just started or restored (for exit codes) and reap it
+        when it exits; put the process into the caller's cgroup."""
         assert running.started is not None
+        _into_callers_cgroup(peer, running.name, running.pid)
         popen = running.started.popen
         with self._lock:
             self._holders[(peer.uid, running.name)] = popen
@@ -239,20 +263,62 @@ def _str_dict(d: Any) -> bool:
     return isinstance(d, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
 
 
-def _check_owner(rec: dict[str, Any], peer: Peer) -> None:
-    """The recorded process still is the one the daemon started (same PID inside its own namespace)
-    and every process of its tree runs as the peer."""
-    pid = rec.get("pid")
-    if not (pid and in_own_pidns(pid) and innermost_pid(pid) == rec.get("ns_pid")):
-        raise StateError(f"{rec.get('name')!r} is not the process the gpucr daemon started.")
-    for p in tree(pid):
+def _check_owner(proc_dir: Path, rec: dict[str, Any], peer: Peer) -> HolderRecord:
+    """The recorded process is one the daemon started or restored for the peer (``ownership.launched``)
+    and every thread of its tree has only the peer's own credentials; its holder's record."""
+    holder = launched(proc_dir, rec)
+    check_credentials(rec["pid"], Owner.of(peer.uid), str(rec.get("name")))
+    return holder
+
+
+def _frozen_for_dump(holder: HolderRecord, owner: Owner, name: str, pid: int) -> Callable[[], None]:
+    """CRIU's ``before_seize`` for a dump of ``name``: the tree is still the checked one, frozen,
+    with the owner's credentials only; what continues it."""
+    if holder.workload is None or pid != holder.workload.pid:
+        raise StateError(f"{name!r} changed while it was being checkpointed (PID {pid}).", "Try again.")
+    return freeze_checked(holder.workload, owner, name)
+
+
+def _kill_holder(holder: ProcId) -> None:
+    """SIGKILL a recorded holder through a pidfd (never a later process under its PID); its
+    namespace ends with it (``unshare --kill-child``)."""
+    try:
+        fd = os.pidfd_open(holder.pid)
+    except ProcessLookupError:
+        return
+    try:
+        if holder.alive():
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _await_dropped(pid: int, uid: int, timeout: float = 10.0) -> None:
+    """Return once ``dropexec`` (``pid``) has become the user, or ended: until then the process
+    runs as root, and a checkpoint asked for right after ``run`` would be refused for that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            uids = psutil.Process(p).uids()
-        except psutil.NoSuchProcess:
-            continue
-        if {uids.real, uids.effective, uids.saved} != {peer.uid}:
-            raise StateError(f"Process {p} of {rec.get('name')!r} does not run as uid {peer.uid}.",
-                             "The daemon acts only on processes of the user who asks.")
+            with open(f"/proc/{pid}/status") as f:
+                uids = next(line.split()[1:] for line in f if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            return
+        if uids == [str(uid)] * 4:
+            return
+        time.sleep(0.002)
+
+
+def _into_callers_cgroup(peer: Peer, name: str, pid: int) -> None:
+    """Move the tree into the caller's cgroup (v2) unless it is there (``dropexec`` moves what
+    ``run`` starts; CRIU restores into the daemon's cgroup); say so in the log when it cannot."""
+    folder = cgroup_of(peer.pid)
+    if folder is None:
+        log.info("uid %d: %r: the caller has no cgroup v2 here; PID %d stays in the daemon's", peer.uid, name, pid)
+    elif not move_tree(pid, folder):
+        log.warning("uid %d: %r: could not move PID %d into the caller's cgroup %s; it runs in %s",
+                    peer.uid, name, pid, folder, cgroup_of(pid))
 
 
 def _kill_tree(pid: int) -> None:
