@@ -31,14 +31,15 @@ class Served:
     kernelgateway`` with gpucr's API module); ``options`` are added to its command line; an empty
     ``token`` turns authentication off."""
 
-    def __init__(self, kind: str, root: Path, store: Path, *options: str, token: str = TOKEN) -> None:
+    def __init__(self, kind: str, root: Path, store: Path, *options: str, token: str = TOKEN,
+                 env: dict[str, str] | None = None) -> None:
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.headers = {"Authorization": f"token {token}"} if token else {}
         self.log = root / f"{kind}.log"
         root.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime"), **(env or {})}
         if kind == "gateway":
             cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.api=jupyter_gpucr.gateway",
                    f"--KernelGatewayApp.port={self.port}", "--KernelGatewayApp.ip=127.0.0.1",

@@ -37,6 +37,7 @@ class Connection(Protocol):
     def hold(self) -> None: ...
     def sleep(self) -> None: ...
     def settle(self) -> None: ...
+    def cancel_queued(self) -> int: ...
     async def wake(self) -> None: ...
 
 
@@ -72,6 +73,8 @@ class GPUCRKernelManager(ServerKernelManager):
     async def interrupt_kernel(self) -> None:
         if not self.parent.lifecycle.is_on_disk(self.kernel_id):
             await super().interrupt_kernel()
+        else:  # what waits for its restore is cancelled; the restore goes on
+            self.parent.cancel_queued(self.kernel_id)
 
     async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:
         async with self.suspender.operation(self.kernel_id):
@@ -192,6 +195,14 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
                 await conn.wake()
             except Exception as e:  # one broken websocket must not stop the others
                 self.log.warning("gpucr: a connection to kernel %s could not be woken: %s", kernel_id, e)
+
+    def cancel_queued(self, kernel_id: str) -> None:
+        """An interrupt while the kernel is on disk or being restored: the requests that wait
+        for the restore are answered as interrupted and never run; the restore goes on."""
+        cancelled = sum(conn.cancel_queued() for conn in self.connections_of(kernel_id))
+        if cancelled:
+            self.log.warning("gpucr: kernel %s was interrupted while being restored: %d waiting request(s) cancelled, "
+                             "the restore goes on", kernel_id, cancelled)
 
     def settle_connections(self, kernel_id: str) -> None:
         for conn in self.connections_of(kernel_id):

@@ -20,6 +20,11 @@ open when the suspend began: a live one would wait for a kernel that is about to
 is), and jupyter_server reads nothing from a websocket until its nudge of the kernel has been
 answered. A suspend that begins while a connection is still being opened ends that nudge.
 
+While a restore runs, a ``kernel_info_request`` is answered at once from what was saved, every
+other request's client hears ``busy`` for it at once and again every :attr:`PROGRESS_S` seconds
+(client libraries time out between two messages: autogen-ext after 60 s), and an interrupt
+cancels the requests waiting for the restore (each is answered as interrupted), not the restore.
+
 During a restore the client is told ``busy``, never ``restarting``: JupyterLab answers
 ``restarting`` by disposing of every pending request (services/src/kernel/default.ts), which
 would drop the very cell that asked for the restore.
@@ -42,6 +47,8 @@ from ..core.errors import GPUCRError
 from . import dormant
 
 V1 = "v1.kernel.websocket.jupyter.org"
+INTERRUPTED_TEXT = ("Interrupted while the kernel was being restored from disk: this request did not run. "
+                    "The restore goes on; send it again.")
 
 
 class _TrackedChannels(ZMQChannelsWebsocketConnection):
@@ -81,6 +88,8 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     _connecting: asyncio.Future[None] | None = None  # the live connection's nudge, while it runs
     _reconnecting = False  # wake() is making the live connection; it delivers what arrives meanwhile
     _closed = False
+    #: seconds between two ``busy`` statuses a waiting request's client hears while a restore runs
+    PROGRESS_S = 15.0
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -147,6 +156,8 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     def handle_incoming_message(self, incoming_msg: Any) -> None:
         if self._live is not None and not self._holding:
             return self._live.handle_incoming_message(incoming_msg)
+        if self._waking is not None and self._answered_while_waking(incoming_msg):
+            return
         self._queue.append(incoming_msg)
         if self._live is None and not (self._holding or self._reconnecting) and self._waking is None:
             self._answer_queue()
@@ -249,8 +260,37 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         self._send(reply.content, reply.msg_type, reply.channel, parent)
         self._send({"execution_state": "idle"}, "status", "iopub", parent)
 
+    def _answered_while_waking(self, msg: Any) -> bool:
+        """While the kernel is being restored: see the module docstring. False: queue it."""
+        parsed = parse_ws_message(msg, self.subprotocol, self.session)
+        if parsed is None:
+            return False
+        channel, header, _content = parsed
+        msg_type = header.get("msg_type", "")
+        if msg_type == "kernel_info_request":
+            saved = self.suspender.saved_for(self.kernel_id).replies.get("kernel_info")
+            if saved:
+                self._reply(dormant.Reply("kernel_info_reply", channel, saved), header)
+            return bool(saved)
+        if msg_type == "interrupt_request":
+            self.multi_kernel_manager.cancel_queued(self.kernel_id)
+            self._reply(dormant.Reply("interrupt_reply", channel, {"status": "ok"}), header)
+            return True
+        if msg_type.endswith("_request"):
+            self._send({"execution_state": "busy"}, "status", "iopub", header)
+        return False
+
+    async def _busy_while_restoring(self) -> None:
+        while True:
+            await asyncio.sleep(self.PROGRESS_S)
+            for msg in self._queue:
+                parsed = parse_ws_message(msg, self.subprotocol, self.session)
+                if parsed is not None and parsed[1].get("msg_type", "").endswith("_request"):
+                    self._send({"execution_state": "busy"}, "status", "iopub", parsed[1])
+
     async def _restore(self, header: dict[str, Any]) -> None:
         self._send({"execution_state": "busy"}, "status", "iopub", header)
+        progress = asyncio.ensure_future(self._busy_while_restoring())
         try:
             await self.suspender.resume(self.kernel_id)
         except GPUCRError as e:
@@ -259,8 +299,10 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             self.log.exception("gpucr: restore of kernel %s failed", self.kernel_id)
             self._fail_queue(GPUCRError(f"Restoring the kernel failed: {e}", "The checkpoint is kept; try again."))
         else:
+            progress.cancel()
             await self.wake()  # the restore woke every connection already; this one for sure
         finally:
+            progress.cancel()
             self._waking = None
 
     async def _catch_up(self) -> None:
@@ -273,7 +315,15 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
 
     def _fail_queue(self, e: GPUCRError) -> None:
         """Answer every queued request with an error reply that says why."""
-        text = f"The kernel could not be restored from disk: {e.message} {e.hint}".strip()
+        self._error_queue("RestoreFailed", f"The kernel could not be restored from disk: {e.message} {e.hint}".strip())
+
+    def cancel_queued(self) -> int:
+        """An interrupt while the kernel is on disk: answer the requests waiting for its restore
+        as interrupted; how many there were."""
+        return self._error_queue("KeyboardInterrupt", INTERRUPTED_TEXT)
+
+    def _error_queue(self, ename: str, text: str) -> int:
+        answered = 0
         queued, self._queue = self._queue, []
         for msg in queued:
             parsed = parse_ws_message(msg, self.subprotocol, self.session)
@@ -282,11 +332,12 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             channel, header, _content = parsed
             self._send({"execution_state": "busy"}, "status", "iopub", header)
             if header["msg_type"] == "execute_request":
-                self._send({"ename": "RestoreFailed", "evalue": text, "traceback": [f"RestoreFailed: {text}"]},
-                           "error", "iopub", header)
+                self._send({"ename": ename, "evalue": text, "traceback": [f"{ename}: {text}"]}, "error", "iopub", header)
             reply_type = header["msg_type"][: -len("_request")] + "_reply"
-            self._send(dormant.error_content("RestoreFailed", text), reply_type, channel, header)
+            self._send(dormant.error_content(ename, text), reply_type, channel, header)
             self._send({"execution_state": "idle"}, "status", "iopub", header)
+            answered += 1
+        return answered
 
     def _send(self, content: dict[str, Any], msg_type: str, channel: str, parent: dict[str, Any] | None) -> None:
         if self._closed:
