@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+import urllib.parse
 from typing import Any
 
 from ..core.checkpointer import Checkpointer
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("kernel_id", nargs="?")
     s.add_argument("--engine", choices=["auto", "criu", "snapshot"], help="suspend with this engine")
     s.add_argument("--gpu", help="resume onto auto, a GPU index or a UUID")
+    s.add_argument("--label", help="ls: only the kernels with this label (an agent's run or thread id)")
     s.add_argument("--server", help="server URL (default: the running server found in the runtime dir)")
     s.add_argument("--token", help="API token (default: the found server's)")
     s = add("rm", help="remove a checkpoint id, or a name with all its checkpoints")
@@ -175,9 +177,11 @@ def _trash_command(cr: Checkpointer, args: argparse.Namespace) -> tuple[Any, str
 def _kernel_command(args: argparse.Namespace) -> tuple[Any, str]:
     url, token = find_server(args.server, args.token)
     if args.action == "ls":
-        states = call(url, token, "api/gpucr/kernels")
+        query = f"?label={urllib.parse.quote(args.label)}" if args.label else ""
+        states = call(url, token, f"api/gpucr/kernels{query}")
         lines = [f"{s['kernel_id']}  {s['state']:10} {s.get('engine') or '-':8} "
-                 f"{_size((s.get('checkpoint') or {}).get('size'))}" for s in states]
+                 f"{_size((s.get('checkpoint') or {}).get('size'))}" + (f"  {s['label']}" if s.get("label") else "")
+                 for s in states]
         return states, "\n".join(lines) or "No kernels."
     if not args.kernel_id:
         raise GPUCRError(f"'gpucr kernel {args.action}' needs a kernel id.", "List them with 'gpucr kernel ls'.")

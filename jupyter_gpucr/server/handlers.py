@@ -52,8 +52,23 @@ class KernelsHandler(GPUCRHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        """Every kernel; ``?label=L``: the kernels labelled L (an agent finding its own)."""
         km = self.service.kernel_manager
-        self.finish(json.dumps([await self.kernel_state(k) for k in km.list_kernel_ids()]))
+        label = self.get_query_argument("label", None)
+        states = [await self.kernel_state(k) for k in km.list_kernel_ids()]
+        self.finish(json.dumps([s for s in states if label is None or s["label"] == label]))
+
+
+class LabelHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="write")
+    async def put(self, kernel_id: str) -> None:
+        """Label a kernel after its start (jupyter_server passes no environment from the start request)."""
+        try:
+            self.service.kernel_manager.set_label(kernel_id, self.body().get("label"))
+            self.finish(json.dumps(await self.kernel_state(kernel_id)))
+        except GPUCRError as e:
+            self.fail(e)
 
 
 class KernelHandler(GPUCRHandler):
@@ -197,6 +212,7 @@ def handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:
         (rf"{base}/kernels/{_KERNEL_ID}", KernelHandler),
         (rf"{base}/kernels/{_KERNEL_ID}/suspend", SuspendHandler),
         (rf"{base}/kernels/{_KERNEL_ID}/resume", ResumeHandler),
+        (rf"{base}/kernels/{_KERNEL_ID}/label", LabelHandler),
         (rf"{base}/trash", TrashHandler),
         (rf"{base}/trash/{_TRASH_ID}", TrashItemHandler),
         (rf"{base}/trash/{_TRASH_ID}/restore", TrashRestoreHandler),

@@ -20,8 +20,9 @@ from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager, ServerKernelManager
 from traitlets import Instance, default
 
-from ..core.errors import GPUCRError
+from ..core.errors import GPUCRError, NotFoundError
 from ..core.procs import tcp_connections_to
+from . import labels
 from .config import GPUCR
 from .lifecycle import RUNNING, KernelLifecycle
 from .service import KernelSuspender
@@ -49,8 +50,12 @@ class GPUCRKernelManager(ServerKernelManager):
         return self.parent.suspender
 
     async def start_kernel(self, *args: Any, **kwargs: Any) -> None:
+        label = labels.given_at_start(kwargs.get("env"), self.kernel_spec.metadata if self.kernel_spec else {})
         await super().start_kernel(*args, **kwargs)
         self.suspender.remember(self.kernel_id, self)
+        if label:  # not listed by the mapping manager yet
+            labels.save(self.suspender.store, self.kernel_id, label)
+            self.parent.lifecycle.set_label(self.kernel_id, label)
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         async with self.suspender.operation(self.kernel_id):
@@ -196,6 +201,13 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
             except Exception as e:  # one broken websocket must not stop the others
                 self.log.warning("gpucr: a connection to kernel %s could not be woken: %s", kernel_id, e)
 
+    def set_label(self, kernel_id: str, label: str) -> None:
+        """Label the kernel (see :mod:`.labels`), for this server and the next."""
+        if kernel_id not in self:
+            raise NotFoundError(f"No kernel {kernel_id}.", "List kernels with GET /api/kernels.")
+        labels.save(self.suspender.store, kernel_id, labels.check(label))
+        self.lifecycle.set_label(kernel_id, label)
+
     def cancel_queued(self, kernel_id: str) -> None:
         """An interrupt while the kernel is on disk or being restored: the requests that wait
         for the restore are answered as interrupted and never run; the restore goes on."""
@@ -268,6 +280,9 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         km.execution_state = "idle"
         km.last_activity = utcnow()
         km.reason = ""
+        label = labels.load(self.suspender.store, kernel_id)
+        if label:
+            self.lifecycle.set_label(kernel_id, label)
         # The stock manager registers kernels in these maps in _async_start_kernel, which a
         # kernel on disk never runs (checked against jupyter_server 2.21).
         self._kernels[kernel_id] = km

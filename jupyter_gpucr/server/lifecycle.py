@@ -75,6 +75,7 @@ class KernelState:
     gpu: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
     notebook_path: str | None = None
+    label: str | None = None
     suspended_at: float | None = None
     pending_since: float | None = None
     restored_at: float | None = None
@@ -101,12 +102,20 @@ class KernelLifecycle(LoggingConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._states: dict[str, KernelState] = {}
+        self._labels: dict[str, str] = {}  # kept when a state is replaced (restart, listed again)
         if self.event_logger is not None and EVENT_SCHEMA_ID not in self.event_logger.schemas.schema_ids:
             self.event_logger.register_event_schema(event_schema())
 
     def get(self, kernel_id: str) -> KernelState:
         """The kernel's state; a kernel gpucr has not touched yet is running."""
-        return self._states.setdefault(kernel_id, KernelState(kernel_id))
+        st = self._states.setdefault(kernel_id, KernelState(kernel_id))
+        st.label = self._labels.get(kernel_id)
+        return st
+
+    def set_label(self, kernel_id: str, label: str) -> None:
+        """The label a framework gave the kernel (its run or thread id), to find it again by."""
+        self._labels[kernel_id] = label
+        self.get(kernel_id)
 
     def state_of(self, kernel_id: str) -> str:
         st = self._states.get(kernel_id)
@@ -149,6 +158,7 @@ class KernelLifecycle(LoggingConfigurable):
 
     def adopt(self, st: KernelState) -> None:
         """Take a state built elsewhere (a kernel listed again at server start)."""
+        st.label = self._labels.get(st.kernel_id)
         self._states[st.kernel_id] = st
         self._emit(st, "done")
 

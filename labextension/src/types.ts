@@ -89,6 +89,8 @@ export interface IKernelState {
   progress: IProgress | null;
   /** The path of the kernel's notebook now (follows renames). */
   notebook_path?: string | null;
+  /** The label the kernel was started with (an agent's run or thread id). */
+  label?: string | null;
   suspended_at: Timestamp | null;
   /** Since when a suspend waits for the running cell (suspend-pending). */
   pending_since?: Timestamp | null;
