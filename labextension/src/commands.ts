@@ -15,7 +15,7 @@ import {
   showDialog
 } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
-import { Kernel, Session } from '@jupyterlab/services';
+import { Kernel } from '@jupyterlab/services';
 import { CommandRegistry } from '@lumino/commands';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
@@ -23,6 +23,7 @@ import { formatBytes } from './format';
 import { resumeIcon, suspendIcon } from './icons';
 import { GpucrModel, GpucrRequestError } from './model';
 import { GpucrNotifier } from './notifications';
+import { KernelShutdowns } from './shutdown';
 import { confirmTrash, IKernelShutdown } from './shutdownguard';
 import {
   canResume,
@@ -30,8 +31,7 @@ import {
   fitToast,
   kernelLabel,
   plainError,
-  replaceQuestion,
-  trashWarning
+  replaceQuestion
 } from './state';
 import { CommandIDs } from './tokens';
 import type { SuspendWhen } from './types';
@@ -44,7 +44,8 @@ export interface ICommandContext {
   kernels: Kernel.IManager;
   /** The kernel manager's shutdown without the guard's question (asked here). */
   unguarded: IKernelShutdown;
-  sessions: Session.IManager;
+  /** Shutting down several kernels: one question, one notice. */
+  shutdowns: KernelShutdowns;
   /** The `confirmSuspend` setting. */
   confirmSuspend: () => boolean;
   /** Turn the `confirmSuspend` setting off ("do not ask again"). */
@@ -240,10 +241,7 @@ export function addCommands(ctx: ICommandContext): void {
       const state = model.getKernel(kernelId);
       const suspended = state?.state === 'suspended';
       const name = notifier.label(kernelId);
-      if (
-        suspended &&
-        !(await confirmTrash([state!], k => notifier.label(k)))
-      ) {
+      if (suspended && !(await confirmTrash(state, k => notifier.label(k)))) {
         return;
       }
       try {
@@ -267,37 +265,15 @@ export function addCommands(ctx: ICommandContext): void {
     }
   });
 
-  // Kernel > Shut Down All Kernels… (in place of JupyterLab's, which the
-  // menu schema hides): the same question, plus where saved states go.
+  // Kernel > Shut Down All Kernels… (in place of JupyterLab's, removed from
+  // the menu): one question listing what happens to each kernel.
   commands.addCommand(CommandIDs.shutdownAll, {
     label: 'Shut Down All Kernels…',
     caption:
       'Shut down every kernel; the saved state of suspended ones goes to the trash',
     isEnabled: () => ctx.kernels.runningCount > 0,
-    execute: async () => {
-      const count = ctx.kernels.runningCount;
-      const suspended = [...ctx.kernels.running()]
-        .map(k => model.getKernel(k.id))
-        .filter(s => s?.state === 'suspended');
-      const result = await showDialog({
-        title: 'Shut Down All?',
-        body:
-          `Are you sure you want to permanently shut down the ${count} running kernel${count === 1 ? '' : 's'}?` +
-          suspended
-            .map(s => ` ${trashWarning(notifier.label(s!.kernel_id), s!)}`)
-            .join(''),
-        buttons: [
-          Dialog.cancelButton(),
-          Dialog.warnButton({ label: 'Shut Down All' })
-        ]
-      });
-      if (!result.button.accept) {
-        return;
-      }
-      await ctx.sessions.shutdownAll();
-      await ctx.unguarded.shutdownAll();
-      await model.refreshLists();
-    }
+    execute: () =>
+      ctx.shutdowns.askAndShutDown([...ctx.kernels.running()].map(k => k.id))
   });
 
   commands.addCommand(CommandIDs.deleteCheckpoint, {

@@ -40,8 +40,8 @@ import { IRunningSessionManagers } from '@jupyterlab/running';
 import { Kernel } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
-import { ITranslator } from '@jupyterlab/translation';
-import { Widget } from '@lumino/widgets';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
+import { Menu, Widget } from '@lumino/widgets';
 
 import { cellExecutor } from './cellexecutor';
 import { addCommands, currentKernelId, panelForKernel } from './commands';
@@ -52,6 +52,7 @@ import { GpucrModel } from './model';
 import { GpucrNotifier } from './notifications';
 import { GpucrPanel } from './panel';
 import { addRunningSection } from './running';
+import { KernelShutdowns } from './shutdown';
 import { guardKernelShutdown } from './shutdownguard';
 import { GpucrStatus } from './statusbar';
 import { CommandIDs, IGpucrModel, PLUGIN_ID } from './tokens';
@@ -70,6 +71,24 @@ const WAKING: ReadonlyArray<Kernel.Status> = [
   'autorestarting',
   'starting'
 ];
+
+/**
+ * Take JupyterLab's Kernel > Shut Down All Kernels… out of the menu: gpucr's
+ * (same label) says what happens to each kernel. (A plugin's menu schema can
+ * only do this with a duplicate entry, which JupyterLab warns about on every
+ * page load.)
+ */
+function removeStockShutdownAll(mainMenu: IMainMenu): void {
+  const menu = mainMenu.kernelMenu;
+  if (!(menu instanceof Menu)) {
+    return;
+  }
+  for (const item of [...menu.items]) {
+    if (item.command === 'kernelmenu:shutdownAll') {
+      menu.removeItem(item);
+    }
+  }
+}
 
 const modelPlugin: JupyterFrontEndPlugin<GpucrModel> = {
   id: 'jupyter-gpucr:model',
@@ -208,7 +227,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     ICommandPalette,
     IMainMenu,
     IRunningSessionManagers,
-    IToolbarWidgetRegistry
+    IToolbarWidgetRegistry,
+    ITranslator
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -220,7 +240,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null,
     mainMenu: IMainMenu | null,
     runningManagers: IRunningSessionManagers | null,
-    toolbarRegistry: IToolbarWidgetRegistry | null
+    toolbarRegistry: IToolbarWidgetRegistry | null,
+    translator: ITranslator | null
   ) => {
     const { commands, serviceManager } = app;
 
@@ -264,8 +285,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
       trashed: (kernelId, label) => {
         notifier.trashed(kernelId, label);
         void model.refreshLists();
-      }
+      },
+      shutdownAll: kernelIds => shutdowns.askAndShutDown(kernelIds)
     });
+    const shutdowns = new KernelShutdowns({
+      model,
+      sessions: serviceManager.sessions,
+      unguarded,
+      label: kernelId => notifier.label(kernelId),
+      openPanel
+    });
+    const allKernelIds = () =>
+      [...serviceManager.kernels.running()].map(k => k.id);
 
     addCommands({
       commands,
@@ -274,7 +305,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       notifier,
       kernels: serviceManager.kernels,
       unguarded,
-      sessions: serviceManager.sessions,
+      shutdowns,
       confirmSuspend: () => confirmSuspend,
       disableConfirmSuspend: async () => {
         confirmSuspend = false;
@@ -300,6 +331,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     // Kernel > Shut Down Kernel of a suspended kernel asks first.
     if (mainMenu) {
+      removeStockShutdownAll(mainMenu);
+      void app.restored.then(() => removeStockShutdownAll(mainMenu));
       mainMenu.kernelMenu.kernelUsers.shutdownKernel.add({
         id: CommandIDs.shutdownKernel,
         isEnabled: widget =>
@@ -317,7 +350,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         managers: runningManagers,
         model,
         commands,
-        pathForKernel
+        pathForKernel,
+        shutdowns,
+        kernelIds: allKernelIds,
+        kernelsSection: (translator ?? nullTranslator)
+          .load('jupyterlab')
+          .__('Kernels')
       });
     }
 

@@ -11,7 +11,8 @@ import { Signal } from '@lumino/signaling';
 import { formatBytes, formatSince } from './format';
 import { suspendIcon } from './icons';
 import { GpucrModel } from './model';
-import { describeKernelState, kernelLabel } from './state';
+import { KernelShutdowns } from './shutdown';
+import { describeKernelState, IShutdownLine, kernelLabel } from './state';
 import { CommandIDs } from './tokens';
 import type { IKernelState } from './types';
 
@@ -24,13 +25,42 @@ export function kernelsSectionMark(state: IKernelState): string {
   );
 }
 
+/**
+ * A section's Shut Down All that asks once: the Running sidebar shows its
+ * question with this body (the list of what happens to each kernel), then
+ * calls `shutdownAll`, which shuts down what the question listed.
+ */
+function askOnce(
+  shutdowns: KernelShutdowns,
+  kernelIds: () => string[]
+): Pick<
+  IRunningSessions.IManager,
+  'shutdownAll' | 'shutdownAllConfirmationText'
+> {
+  let asked: IShutdownLine[] = [];
+  return {
+    // The sidebar hands this straight to showDialog, whose body may be a
+    // widget: typed as text by @jupyterlab/running 4.6.
+    shutdownAllConfirmationText: (() => {
+      asked = shutdowns.lines(kernelIds());
+      return shutdowns.body(asked);
+    }) as unknown as () => string,
+    shutdownAll: () => void shutdowns.shutDown(asked)
+  };
+}
+
 export function addRunningSection(options: {
   managers: IRunningSessionManagers;
   model: GpucrModel;
   commands: CommandRegistry;
   pathForKernel: (kernelId: string) => string | null;
+  shutdowns: KernelShutdowns;
+  /** All kernels of the server (JupyterLab's Kernels section). */
+  kernelIds: () => string[];
+  /** The name of JupyterLab's Kernels section, in the user's language. */
+  kernelsSection: string;
 }): void {
-  const { managers, model, commands, pathForKernel } = options;
+  const { managers, model, commands, pathForKernel, shutdowns } = options;
   const runningChanged = new Signal<GpucrModel, void>(model);
   const suspended = () =>
     [...model.kernels.values()].filter(k => k.state === 'suspended');
@@ -65,22 +95,22 @@ export function addRunningSection(options: {
   managers.add({
     name: 'Suspended Kernels',
     running: () => suspended().map(item),
-    shutdownAll: () => {
-      void (async () => {
-        for (const state of suspended()) {
-          await commands.execute(CommandIDs.shutdownKernel, {
-            kernelId: state.kernel_id
-          });
-        }
-      })();
-    },
     refreshRunning: () => void model.refreshLists(),
     runningChanged,
     shutdownLabel: 'Shut Down (saved state to the trash)',
     shutdownAllLabel: 'Shut Down All Suspended',
-    shutdownAllConfirmationText:
-      'Shut down every suspended kernel? Each one asks first; their saved states go to the trash.'
+    ...askOnce(shutdowns, () => suspended().map(s => s.kernel_id))
   });
+  // JupyterLab's Kernels section asks its own question, then shuts the
+  // kernels down through the guarded manager, which would ask again: one
+  // question instead, listing what happens to each kernel.
+  const patchKernels = (manager: IRunningSessions.IManager) => {
+    if (manager.name === options.kernelsSection) {
+      Object.assign(manager, askOnce(shutdowns, options.kernelIds));
+    }
+  };
+  managers.items().forEach(patchKernels);
+  managers.added.connect((_, manager) => patchKernels(manager));
 
   // Mark the suspended kernels in JupyterLab's own Kernels section.
   const style = document.createElement('style');

@@ -4,7 +4,8 @@
  * the kernel manager, with no hook of its own. The guard wraps that manager's
  * `shutdown` and `shutdownAll`, so shutting down a suspended kernel asks first
  * and says that its saved state goes to the trash, wherever the request comes
- * from. gpucr's own commands ask themselves and call the `unguarded` methods.
+ * from; shutting them all down asks once, listing every kernel (shutdown.ts).
+ * gpucr's own commands ask themselves and call the `unguarded` methods.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Kernel } from '@jupyterlab/services';
@@ -18,17 +19,14 @@ export interface IKernelShutdown {
   shutdownAll(): Promise<void>;
 }
 
-/** The question before suspended kernels are shut down; true to go on. */
+/** The question before a suspended kernel is shut down; true to go on. */
 export async function confirmTrash(
-  states: IKernelState[],
+  state: IKernelState,
   label: (kernelId: string) => string
 ): Promise<boolean> {
-  const one = states.length === 1;
   const result = await showDialog({
-    title: one
-      ? 'Shut down the suspended kernel?'
-      : `Shut down ${states.length} suspended kernels?`,
-    body: states.map(s => trashWarning(label(s.kernel_id), s)).join(' '),
+    title: 'Shut down the suspended kernel?',
+    body: trashWarning(label(state.kernel_id), state),
     buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Shut Down' })]
   });
   return result.button.accept;
@@ -36,41 +34,44 @@ export async function confirmTrash(
 
 /**
  * Wrap `kernels.shutdown` / `kernels.shutdownAll` in place; returns the
- * original methods. `trashed` is told which suspended kernels went to the
- * trash, with the names they had (for the notification).
+ * original methods. `trashed` is told which suspended kernel went to the
+ * trash, with the name it had (for the notification); `shutdownAll` asks
+ * and shuts several kernels down when one of them is suspended.
  */
 export function guardKernelShutdown(options: {
   kernels: Kernel.IManager;
   model: GpucrModel;
   label: (kernelId: string) => string;
   trashed: (kernelId: string, label: string) => void;
+  shutdownAll: (kernelIds: string[]) => Promise<void>;
 }): IKernelShutdown {
   const { kernels, model, label, trashed } = options;
   const unguarded: IKernelShutdown = {
     shutdown: kernels.shutdown.bind(kernels),
     shutdownAll: kernels.shutdownAll.bind(kernels)
   };
-  const suspended = (ids: string[]): IKernelState[] =>
-    ids
-      .map(id => model.getKernel(id))
-      .filter((s): s is IKernelState => s?.state === 'suspended');
+  const suspended = (id: string): IKernelState | undefined => {
+    const state = model.getKernel(id);
+    return state?.state === 'suspended' ? state : undefined;
+  };
 
-  const ask = async (
-    states: IKernelState[],
-    shutdown: () => Promise<void>
-  ): Promise<void> => {
-    if (states.length && !(await confirmTrash(states, label))) {
+  kernels.shutdown = async (id: string) => {
+    const state = suspended(id);
+    if (!state) {
+      return unguarded.shutdown(id);
+    }
+    if (!(await confirmTrash(state, label))) {
       return;
     }
-    const labels = states.map(s => [s.kernel_id, label(s.kernel_id)]);
-    await shutdown();
-    labels.forEach(([id, name]) => trashed(id, name));
+    const name = label(id);
+    await unguarded.shutdown(id);
+    trashed(id, name);
   };
-  kernels.shutdown = (id: string) =>
-    ask(suspended([id]), () => unguarded.shutdown(id));
-  kernels.shutdownAll = () =>
-    ask(suspended([...kernels.running()].map(k => k.id)), () =>
-      unguarded.shutdownAll()
-    );
+  kernels.shutdownAll = () => {
+    const ids = [...kernels.running()].map(k => k.id);
+    return ids.some(suspended)
+      ? options.shutdownAll(ids)
+      : unguarded.shutdownAll();
+  };
   return unguarded;
 }

@@ -590,6 +590,107 @@ export function trashWarning(
   );
 }
 
+/** One kernel of a shutdown of several: its name and what happens to it. */
+export interface IShutdownLine {
+  kernelId: string;
+  label: string;
+  /** `running: its variables are lost`, `suspended (5.0 GiB): its saved state goes to the trash for 24 h`. */
+  fate: string;
+  /** Whether its saved state goes to the trash. */
+  trashed: boolean;
+}
+
+/** What a shutdown does to each kernel (`state`: gpucr's, when known). */
+export function shutdownLines(
+  kernels: ReadonlyArray<{
+    kernelId: string;
+    label: string;
+    state: IKernelState | undefined;
+  }>,
+  hours: number = TRASH_HOURS
+): IShutdownLine[] {
+  return kernels.map(({ kernelId, label, state }) => {
+    const onDisk =
+      state?.state === 'suspended' || state?.state === 'suspending';
+    if (!onDisk) {
+      return {
+        kernelId,
+        label,
+        fate: 'running: its variables are lost',
+        trashed: false
+      };
+    }
+    const size = state.checkpoint?.size;
+    return {
+      kernelId,
+      label,
+      fate:
+        `${state.state}` +
+        (typeof size === 'number' ? ` (${formatBytes(size)})` : '') +
+        `: its saved state goes to the trash for ${hours} h`,
+      trashed: true
+    };
+  });
+}
+
+/** The question above the list of a shutdown of several kernels. */
+export function shutdownQuestion(lines: ReadonlyArray<IShutdownLine>): string {
+  const n = lines.length;
+  const what = n === 1 ? 'this kernel' : `these ${n} kernels`;
+  return lines.some(l => l.trashed)
+    ? `Shut down ${what}? A suspended kernel's saved state can be brought back from the trash in the Suspended kernels panel.`
+    : `Shut down ${what}?`;
+}
+
+/**
+ * The one notice after a shutdown of several kernels: how many went, where
+ * the saved states are, which could not be shut down and why.
+ */
+export function shutdownSummary(
+  done: ReadonlyArray<IShutdownLine>,
+  failed: ReadonlyArray<{ line: IShutdownLine; error: string }>,
+  hours: number = TRASH_HOURS
+): IShutdownSummary {
+  const total = done.length + failed.length;
+  const kernels = (n: number) => (n === 1 ? '1 kernel' : `${n} kernels`);
+  const trashed = done.filter(l => l.trashed);
+  let message = failed.length
+    ? `Shut down ${done.length} of ${kernels(total)}.`
+    : total === 1
+      ? `Shut down ${shortName(done[0].label)}.`
+      : `Shut down ${kernels(total)}.`;
+  if (trashed.length) {
+    const whose =
+      trashed.length === 1
+        ? `The saved state of ${shortName(trashed[0].label)} is`
+        : `The saved states of ${trashed.length} suspended kernels are`;
+    message += ` ${whose} in the trash for ${hours} h.`;
+  }
+  if (failed.length === 1) {
+    message += ` Could not shut down ${shortName(failed[0].line.label)}: ${sentence(failed[0].error)}`;
+  } else if (failed.length > 1) {
+    message += ` Could not shut down ${shortName(failed[0].line.label)} and ${failed.length - 1} more; see Details.`;
+  }
+  return {
+    type: failed.length ? 'warning' : 'success',
+    message: fitToast(message),
+    details: failed.length
+      ? failed.map(f => `${f.line.label}: ${sentence(f.error)}`).join('\n\n')
+      : null,
+    trashed: trashed.length > 0
+  };
+}
+
+/** The notice after a shutdown of several kernels (`shutdownSummary`). */
+export interface IShutdownSummary {
+  type: 'success' | 'warning';
+  message: string;
+  /** Every failure with its reason, for a Details dialog. */
+  details: string | null;
+  /** Whether saved states went to the trash (the notice opens the panel). */
+  trashed: boolean;
+}
+
 /** The doctor report's headline: `Everything works`, `1 check fails`, `2 checks fail`. */
 export function doctorHeadline(report: IDoctorReport): string {
   const failing = report.checks.filter(c => !c.ok).length;

@@ -301,7 +301,11 @@ test.describe('suspended kernels in JupyterLab', () => {
     await page.menu.clickMenuItem('Kernel>Shut Down All Kernels…');
     const dialog = page.locator('.jp-Dialog');
     await expect(dialog).toContainText('Shut Down All?');
-    await expect(dialog).toContainText(`The suspended state of ${name} (`);
+    await expect(dialog).toContainText(
+      new RegExp(
+        `${name.replace('.', '\\.')} · suspended \\(\\d+(\\.\\d)? MiB\\): its saved state goes to the trash for 24 h`
+      )
+    );
     await dialog.getByRole('button', { name: 'Cancel' }).click();
     await expectSuspended(page, kernelId);
 
@@ -373,13 +377,12 @@ test.describe('suspended kernels in JupyterLab', () => {
     await expect(dialog).toHaveCount(0);
     await expectSuspended(page, kernelId);
 
-    // The section's Shut Down All: JupyterLab's question, then ours.
+    // The section's Shut Down All: one question, which says what happens.
     await page
       .getByRole('toolbar', { name: 'Kernels toolbar' })
       .getByRole('button', { name: 'Shut Down All', exact: true })
       .click();
-    await dialog.getByRole('button', { name: /^Shut Down All$/ }).click();
-    await expect(dialog).toContainText(ours);
+    await expect(dialog).toContainText(`${name} · suspended (`);
     await dialog.getByRole('button', { name: 'Cancel' }).click();
     await expect(dialog).toHaveCount(0);
     await expectSuspended(page, kernelId);
@@ -398,6 +401,79 @@ test.describe('suspended kernels in JupyterLab', () => {
     await expect(dialog).toContainText(ours);
     await dialog.getByRole('button', { name: 'Shut Down' }).click();
     await expectTrashed(page, name, kernelId);
+  });
+
+  test('shutting down several kernels asks once, saying what happens to each, then tells what happened', async ({
+    page
+  }) => {
+    const running = await newNotebook(page, 'live.ipynb', 'l = 1');
+    const one = await newNotebook(page, 'sleep-one.ipynb', 's1 = 1');
+    const two = await newNotebook(page, 'sleep-two.ipynb', 's2 = 2');
+    await suspendByRest(page, one);
+    await suspendByRest(page, two);
+    await statusSuspended(page);
+    const dialog = page.locator('.jp-Dialog');
+    const line = (kernelId: string) =>
+      dialog.locator(`li[data-kernel-id="${kernelId}"]`);
+    const toasts = page.locator('.Toastify__toast');
+
+    // JupyterLab's Kernels section: one question listing all three.
+    await page.sidebar.openTab('jp-running-sessions');
+    await page
+      .getByRole('toolbar', { name: 'Kernels toolbar' })
+      .getByRole('button', { name: 'Shut Down All', exact: true })
+      .click();
+    await expect(line(running)).toHaveText(
+      'live.ipynb · running: its variables are lost'
+    );
+    await expect(line(one)).toContainText(
+      /^sleep-one\.ipynb · suspended \(.+\): its saved state goes to the trash for 24 h$/
+    );
+    await expect(line(two)).toContainText('sleep-two.ipynb · suspended (');
+    await expect(dialog).toContainText(
+      'Shut down these 3 kernels? A suspended kernel'
+    );
+    await shot(page, 'shutdown-all-dialog');
+    await dialog.getByRole('button', { name: 'Cancel' }).click();
+    await expect(dialog).toHaveCount(0);
+    await expectSuspended(page, one);
+
+    // Shut Down All Suspended: the two suspended ones, one question, one notice.
+    await page
+      .getByRole('toolbar', { name: 'Suspended Kernels toolbar' })
+      .getByRole('button', { name: 'Shut Down All Suspended' })
+      .click();
+    await expect(dialog.locator('li')).toHaveCount(2);
+    await expect(line(running)).toHaveCount(0);
+    await dialog
+      .getByRole('button', { name: 'Shut Down All Suspended' })
+      .click();
+    const summary = toasts.filter({ hasText: 'Shut down 2 kernels.' });
+    await expect(summary).toContainText(
+      'The saved states of 2 suspended kernels are in the trash for 24 h.'
+    );
+    await expect(dialog).toHaveCount(0);
+    await expect(toasts.filter({ hasText: 'was shut down' })).toHaveCount(0);
+    const trash = await (await page.request.get('/api/gpucr/trash')).json();
+    expect(trash.map((t: any) => t.kernel_id).sort()).toEqual(
+      [one, two].sort()
+    );
+    expect(await sessionsOf(page, running)).toEqual(['live.ipynb']);
+    expect(await sessionsOf(page, one)).toEqual([]);
+
+    // Kernel > Shut Down All Kernels…: the one left, running.
+    await page.menu.clickMenuItem('Kernel>Shut Down All Kernels…');
+    await expect(dialog.locator('li')).toHaveText([
+      'live.ipynb · running: its variables are lost'
+    ]);
+    await dialog.getByRole('button', { name: 'Shut Down All' }).click();
+    await expect(
+      toasts.filter({ hasText: 'Shut down live.ipynb.' })
+    ).toHaveCount(1);
+    await expect(dialog).toHaveCount(0);
+    await expect
+      .poll(async () => (await page.request.get('/api/kernels')).json())
+      .toEqual([]);
   });
 
   test('Kernel > Restart of a suspended kernel asks, then says the variables are gone', async ({

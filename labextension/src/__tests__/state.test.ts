@@ -17,6 +17,9 @@ import {
   plainError,
   PollOrder,
   replaceQuestion,
+  shutdownLines,
+  shutdownQuestion,
+  shutdownSummary,
   stateChanged,
   TOAST_MAX,
   transitionNotice,
@@ -612,6 +615,77 @@ describe('words', () => {
     assert.equal(
       doctorHeadline({ ok: false, checks: [bad, { ...bad, name: 'c' }] }),
       '2 checks fail'
+    );
+  });
+});
+
+describe('shutting down several kernels', () => {
+  const suspendedState = kernel({ state: 'suspended', checkpoint: CHECKPOINT });
+  const lines = shutdownLines([
+    { kernelId: 'a', label: 'live.ipynb', state: kernel() },
+    { kernelId: 'b', label: 'train.ipynb', state: suspendedState },
+    { kernelId: 'c', label: 'kernel 12345678', state: undefined }
+  ]);
+
+  it('says what happens to each kernel', () => {
+    assert.deepEqual(
+      lines.map(l => [l.label, l.fate, l.trashed]),
+      [
+        ['live.ipynb', 'running: its variables are lost', false],
+        [
+          'train.ipynb',
+          'suspended (5.0 GiB): its saved state goes to the trash for 24 h',
+          true
+        ],
+        ['kernel 12345678', 'running: its variables are lost', false]
+      ]
+    );
+    assert.equal(
+      shutdownQuestion(lines),
+      "Shut down these 3 kernels? A suspended kernel's saved state can be brought back from the trash in the Suspended kernels panel."
+    );
+    assert.equal(shutdownQuestion(lines.slice(0, 1)), 'Shut down this kernel?');
+  });
+
+  it('sums up in one notice', () => {
+    const all = shutdownSummary(lines, []);
+    assert.equal(
+      all.message,
+      'Shut down 3 kernels. The saved state of train.ipynb is in the trash for 24 h.'
+    );
+    assert.equal(all.type, 'success');
+    assert.equal(all.trashed, true);
+    assert.equal(all.details, null);
+    assert.equal(
+      shutdownSummary(lines.slice(0, 1), []).message,
+      'Shut down live.ipynb.'
+    );
+    const twoTrashed = shutdownSummary(
+      [lines[1], { ...lines[1], label: 'x' }],
+      []
+    );
+    assert.match(
+      twoTrashed.message,
+      /The saved states of 2 suspended kernels are in the trash for 24 h\.$/
+    );
+  });
+
+  it('names what could not be shut down, and why', () => {
+    const some = shutdownSummary(
+      [lines[0]],
+      [
+        { line: lines[1], error: 'Disk full' },
+        { line: lines[2], error: 'Gone' }
+      ]
+    );
+    assert.equal(some.type, 'warning');
+    assert.equal(
+      some.message,
+      'Shut down 1 of 3 kernels. Could not shut down train.ipynb and 1 more; see Details.'
+    );
+    assert.equal(
+      some.details,
+      'train.ipynb: Disk full.\n\nkernel 12345678: Gone.'
     );
   });
 });
