@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import psutil
 
@@ -41,6 +41,7 @@ from .errors import (
     StateError,
 )
 from .identity import ProcId
+from .images import read_image
 from .launcher import HolderRecord, Started, live_holders, start_holder
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, tree, tree_rss, wait_gone
@@ -65,6 +66,17 @@ NETWORK_LOCK_HOLD = 900.0
 
 def _no_progress(phase: str, done: int, total: int) -> None:
     pass
+
+
+class RestoreCheck(Protocol):
+    """Checks around every restore for someone CRIU's root must not trust (the daemon's users).
+    ``approve`` reads the images before CRIU starts and refuses by raising; what it returns are
+    options for ``criu restore`` that make CRIU check the tree it restored, before the tree gets
+    its credentials, and end it if that fails; ``refused`` then says why."""
+
+    def approve(self, images: Path, workdir: Path) -> list[str]: ...
+
+    def refused(self, workdir: Path) -> GPUCRError | None: ...
 
 
 @dataclass
@@ -109,6 +121,7 @@ class Checkpointer:
         verify: bool = True,
         lazy_restore: bool = True,
         network_lock_hold: float | None = NETWORK_LOCK_HOLD,
+        restore_check: RestoreCheck | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self.criu_path = criu_path
@@ -119,6 +132,7 @@ class Checkpointer:
         self.verify = verify
         self.lazy_restore = lazy_restore
         self.network_lock_hold = network_lock_hold
+        self.restore_check = restore_check
         self._criu: Criu | None = None
 
     @property
@@ -504,19 +518,23 @@ class Checkpointer:
         argv = self.criu.page_fill_argv(images, workdir) if fill else self.criu.lazy_pages_argv(images, workdir)
         daemon = ([f"--lazy-pages={json.dumps(argv)}", f"--lazy-socket={workdir / LAZY_SOCKET}",
                    f"--pages={d / PAGES}"] if lazy or fill else [])
+        check = self.restore_check
+        checked = check.approve(images, workdir) if check is not None else []
         (d / PAGES).unlink(missing_ok=True)
         for attempt in range(2):
             pidfile.unlink(missing_ok=True)
-            started = start_holder(["restore", f"--pidfile={pidfile}", *daemon, "--",
-                                    *self.criu.restore_argv(images, workdir, pidfile, leave_stopped, lazy or fill)],
-                                   d / ".status", detach=detach, log_path=d / "holder.log",
-                                   timeout=RESTORE_TIMEOUT)
+            argv = [*self.criu.restore_argv(images, workdir, pidfile, leave_stopped, lazy or fill), *checked]
+            started = start_holder(["restore", f"--pidfile={pidfile}", *daemon, "--", *argv], d / ".status",
+                                   detach=detach, log_path=d / "holder.log", timeout=RESTORE_TIMEOUT)
             if started is not None:
                 return started
+            refused = check.refused(workdir) if check is not None else None
+            if refused is not None:
+                raise refused
             failure = explain_log(workdir / "restore.log")
             if attempt == 0 and (_rewind_grown_log(failure.raw, d) or _unix_name_still_held(failure.raw)):
                 continue
-            raise EngineError(f"CRIU could not restore {name!r}: {failure.line}",
+            raise EngineError(f"CRIU could not restore {name!r}: {failure.line}{_port_holders(images, failure.raw)}",
                               f"{failure.hint} The checkpoint is kept; you can retry.")
         raise AssertionError("unreachable")
 
@@ -856,6 +874,28 @@ def _continue(started: Started) -> None:
     """Let a tree that its restore left stopped run."""
     for p in tree(started.pid):
         os.kill(p, signal.SIGCONT)
+
+
+def _port_holders(images: Path, line: str) -> str:
+    """For a restore that found a port of the process taken: which, and by whom (root sees every
+    process's sockets; a user's server sees its own)."""
+    if "Address already in use" not in line:
+        return ""
+    try:
+        ports = {s.port for s in read_image(images).inet if s.port}
+        holders = [c for c in psutil.net_connections("inet") if c.laddr and c.laddr.port in ports
+                   and c.status in (psutil.CONN_LISTEN, psutil.CONN_NONE)]
+    except (GPUCRError, psutil.Error, OSError):
+        return ""
+    said = []
+    for c in holders:
+        try:
+            proc = psutil.Process(c.pid) if c.pid else None
+            who = f"PID {proc.pid} of {proc.username()} (uid {proc.uids().real})" if proc else "a process not visible here"
+        except psutil.Error:
+            who = f"PID {c.pid}"
+        said.append(f" Port {c.laddr.port} ({c.laddr.ip}), which the process had bound, is now held by {who}.")
+    return "".join(sorted(set(said)))
 
 
 def _stop_for_good(pid: int) -> None:

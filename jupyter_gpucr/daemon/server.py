@@ -31,14 +31,14 @@ from typing import Any
 from .._version import __version__
 from ..core.checkpointer import Checkpointer, Running
 from ..core.criu import NETWORK_LOCKS_MAX, find_criu
-from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, StateError
+from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, PreconditionError, StateError
 from ..core.identity import ProcId
 from ..core.launcher import HolderRecord, clean_env
 from ..core.names import validate_name
 from ..core.procs import is_alive, tree, wait_gone
 from ..core.store import Store, make_private_dir, write_json_atomic
 from .caller import caller_of, cgroup_of, move_tree
-from .guard import Owner
+from .guard import Owner, RestoreGuard, deleted_files
 from .listener import Credentials, Limits, Listener, Send
 from .ownership import check_credentials, freeze_checked, launched
 from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, printable
@@ -82,7 +82,9 @@ class Daemon:
 
     def checkpointer(self, peer: Peer) -> Checkpointer:
         users = make_private_dir(make_private_dir(self.state_dir) / "users")
-        return Checkpointer(Store(make_private_dir(users / str(peer.uid))), criu_path=self.criu_path, keep_last=self.keep_last)
+        store = Store(make_private_dir(users / str(peer.uid)))
+        return Checkpointer(store, criu_path=self.criu_path, keep_last=self.keep_last,
+                            restore_check=RestoreGuard(Owner.of(peer.uid), store.root))
 
     def dispatch(self, peer: Peer, op: str, args: dict[str, Any], progress: Progress) -> Any:
         if op not in VERBS:
@@ -148,6 +150,7 @@ class Daemon:
             except GPUCRError as e:
                 e.message += " The process was left running."
                 raise
+            _refuse_deleted_files(name, rec["pid"])
             # checked again once frozen: in between, a task could have run a set-user-ID program
             cr.criu.before_seize = functools.partial(_frozen_for_dump, holder, Owner.of(peer.uid), name)
         extra = {**(extra if isinstance(extra, dict) else {}), "owner": {"uid": peer.uid, "user": peer.user}}
@@ -319,6 +322,15 @@ def _into_callers_cgroup(peer: Peer, name: str, pid: int) -> None:
     elif not move_tree(pid, folder):
         log.warning("uid %d: %r: could not move PID %d into the caller's cgroup %s; it runs in %s",
                     peer.uid, name, pid, folder, cgroup_of(pid))
+
+
+def _refuse_deleted_files(name: str, pid: int) -> None:
+    """A restore would have to recreate them as root (see guard): refused now, while it runs."""
+    deleted = deleted_files(pid)
+    if deleted:
+        raise PreconditionError(f"{name!r} holds files that have been deleted: {', '.join(deleted[:5])}. The gpucr daemon "
+                                "does not checkpoint deleted files, which a restore would recreate as root. The process "
+                                "was left running.", "Close them in the process (or keep them undeleted), then suspend again.")
 
 
 def _kill_tree(pid: int) -> None:
