@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import pathlib
 import re
 import shlex
@@ -68,7 +69,8 @@ async def until_frozen(pid: int, timeout: float = 30) -> None:
         await asyncio.sleep(0.001)
 
 
-async def test_a_websocket_opened_during_a_dump_is_answered_after_the_restore(jp_fetch, jp_ws_fetch, jp_serverapp):
+async def test_a_websocket_opened_during_a_dump_is_answered_after_the_restore(jp_fetch, jp_ws_fetch, jp_serverapp,
+                                                                             caplog):
     """A second tab (or an agent's client) connects while the kernel is being dumped and runs a
     cell: the connection opens at once, the cell waits until the suspend is complete, restores the
     kernel and runs exactly once. Five times in a row, as the race is a matter of timing."""
@@ -101,6 +103,9 @@ async def test_a_websocket_opened_during_a_dump_is_answered_after_the_restore(jp
         # the cell restored the kernel: it did not reach the kernel while it was being suspended
         assert state["state"] == "running" and state["restored_at"], (i, phase, phases.seen, state)
         ws.close()
+    # nor did jupyter_server nudge a frozen kernel, or write to websockets it had closed
+    noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.pathname.endswith("channels.py")]
+    assert noise == [], noise[:5]
 
 
 async def test_a_suspended_kernel_whose_manifest_cannot_be_read_connects_and_says_why(jp_fetch, jp_ws_fetch,
