@@ -52,6 +52,7 @@ import { GpucrModel } from './model';
 import { GpucrNotifier } from './notifications';
 import { GpucrPanel } from './panel';
 import { addRunningSection } from './running';
+import { isDebuggerRefusal } from './state';
 import { KernelShutdowns } from './shutdown';
 import { guardKernelShutdown } from './shutdownguard';
 import { GpucrStatus } from './statusbar';
@@ -422,6 +423,30 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       });
     };
+    // The debugger turned on for a suspended kernel: its start is refused
+    // (gpucr answers from disk), which JupyterLab only logs.
+    const onKernelMessage = (
+      kernel: Kernel.IKernelConnection,
+      args: Kernel.IAnyMessageArgs
+    ) => {
+      if (
+        args.direction === 'recv' &&
+        isDebuggerRefusal(args.msg) &&
+        model.getKernel(kernel.id)?.state === 'suspended'
+      ) {
+        notifier.showDebuggerRefused(kernel.id);
+      }
+    };
+    const watchMessages = (nbPanel: NotebookPanel) => {
+      const follow = () =>
+        nbPanel.sessionContext.session?.kernel?.anyMessage.connect(
+          onKernelMessage
+        );
+      nbPanel.sessionContext.kernelChanged.connect(follow);
+      follow();
+    };
+    tracker.forEach(watchMessages);
+    tracker.widgetAdded.connect((_, nbPanel) => watchMessages(nbPanel));
     tracker.forEach(watchPanel);
     tracker.widgetAdded.connect((_, nbPanel) => watchPanel(nbPanel));
     NotebookActions.executionScheduled.connect((_, { notebook }) => {

@@ -14,6 +14,7 @@ import { CommandRegistry } from '@lumino/commands';
 import { GpucrModel, IKernelTransition } from './model';
 import {
   busyNotice,
+  debuggerNotice,
   formatLost,
   INotice,
   kernelLabel,
@@ -62,6 +63,11 @@ export class GpucrNotifier {
   showBusy(kernelId: string): void {
     this.show(kernelId, busyNotice(this.label(kernelId)));
     this._busy.add(kernelId);
+  }
+
+  /** Say that the debugger needs the (suspended) kernel running. */
+  showDebuggerRefused(kernelId: string): void {
+    this.show(kernelId, debuggerNotice(this.label(kernelId)));
   }
 
   /** The kernel's cell finished (JupyterLab saw it go idle). */
@@ -173,6 +179,12 @@ export class GpucrNotifier {
         return {
           label: 'Retry',
           caption: 'Restore the kernel again',
+          callback: run(CommandIDs.resume)
+        };
+      case 'resume':
+        return {
+          label: 'Resume',
+          caption: 'Restore the kernel from disk',
           callback: run(CommandIDs.resume)
         };
       case 'resume-other-gpu':

@@ -308,6 +308,7 @@ export type NoticeAction =
   | 'interrupt-and-suspend'
   | 'cancel-suspend'
   | 'retry-resume'
+  | 'resume'
   | 'resume-other-gpu'
   | 'details'
   | 'open-panel'
@@ -382,6 +383,32 @@ export function restartedNotice(label: string): INotice {
       'gone. The saved state is in the trash.',
     actions: ['open-panel'],
     autoClose: 10000
+  };
+}
+
+/**
+ * Whether a kernel message is the refusal of a suspended kernel to start
+ * its debugger (gpucr answers `initialize` from disk with success false).
+ */
+export function isDebuggerRefusal(msg: {
+  header: { msg_type: string };
+  content: unknown;
+}): boolean {
+  const content = msg.content as { command?: string; success?: boolean };
+  return (
+    msg.header.msg_type === 'debug_reply' &&
+    content.command === 'initialize' &&
+    content.success === false
+  );
+}
+
+/** The notice when the debugger was turned on for a suspended kernel. */
+export function debuggerNotice(label: string): INotice {
+  return {
+    type: 'warning',
+    message: `The debugger needs ${shortName(label)} running: run a cell in it or resume it, then turn the debugger on again.`,
+    actions: ['resume'],
+    autoClose: false
   };
 }
 

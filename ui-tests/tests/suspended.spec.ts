@@ -476,6 +476,38 @@ test.describe('suspended kernels in JupyterLab', () => {
       .toEqual([]);
   });
 
+  test('turning the debugger on for a suspended kernel says to run a cell or resume it first', async ({
+    page
+  }) => {
+    const name = 'debug-me.ipynb';
+    const kernelId = await newNotebook(page, name, 'd = 4');
+    await suspendByRest(page, kernelId);
+    await statusSuspended(page);
+    const bug = page
+      .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-DebuggerBugButton')
+      .first();
+    await bug.click();
+    const notice = page.locator('.Toastify__toast').filter({
+      hasText: `The debugger needs ${name} running`
+    });
+    await expect(notice).toContainText(
+      'run a cell in it or resume it, then turn the debugger on again.'
+    );
+    await expectSuspended(page, kernelId); // asking for the debugger restores nothing
+    await shot(page, 'debugger-suspended-notice');
+    // Resume from the notice: it goes once it no longer applies.
+    await notice.getByRole('button', { name: 'Resume' }).click();
+    await expect(page.locator('.jp-gpucr-Status')).toHaveAttribute(
+      'data-state',
+      'running',
+      { timeout: 120000 }
+    );
+    await expect(notice).toHaveCount(0);
+    await bug.click();
+    await expect(bug).toHaveAttribute('aria-pressed', 'true');
+    expect(await runCode(page, 'print(d)')).toContain('4');
+  });
+
   test('Kernel > Restart of a suspended kernel asks, then says the variables are gone', async ({
     page
   }) => {

@@ -5,11 +5,13 @@ import {
   busyNotice,
   canResume,
   canSuspend,
+  debuggerNotice,
   describeKernelState,
   doctorHeadline,
   engineLabel,
   formatLost,
   groupForPanel,
+  isDebuggerRefusal,
   isTransient,
   kernelLabel,
   kindLabel,
@@ -599,6 +601,29 @@ describe('words', () => {
       replaceQuestion('train.ipynb', kernel({ state: 'suspended' })),
       /its own saved state goes to the trash/
     );
+  });
+  it("recognizes a suspended kernel's refusal to start the debugger", () => {
+    const reply = (command: string, success: boolean) => ({
+      header: { msg_type: 'debug_reply' },
+      content: { command, success }
+    });
+    assert.equal(isDebuggerRefusal(reply('initialize', false)), true);
+    assert.equal(isDebuggerRefusal(reply('initialize', true)), false);
+    assert.equal(isDebuggerRefusal(reply('debugInfo', false)), false);
+    assert.equal(
+      isDebuggerRefusal({
+        header: { msg_type: 'execute_reply' },
+        content: { command: 'initialize', success: false }
+      }),
+      false
+    );
+    const notice = debuggerNotice('train.ipynb');
+    assert.equal(
+      notice.message,
+      'The debugger needs train.ipynb running: run a cell in it or resume it, then turn the debugger on again.'
+    );
+    assert.deepEqual(notice.actions, ['resume']);
+    assert.equal(notice.autoClose, false);
   });
   it('heads the doctor report with what fails', () => {
     const ok = { name: 'a', ok: true };
