@@ -354,6 +354,7 @@ class Checkpointer:
         _stop_for_good(stopped)
         try:
             started = self._spawn_restore(name, tmp / "images", tmp)
+            _continue(started)  # a tree frozen for its dump (the daemon's) comes back stopped; the driver needs it running
             self._restore_gpu(started, cuda_ns_pids, {})
         except GPUCRError as e:
             return EngineError(f"Finishing the checkpoint failed ({cause}) and putting the process back failed "
