@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 CAP_SYS_RESOURCE = 24
 CAPS = ("sys_admin", "sys_ptrace", "checkpoint_restore", "net_admin", "dac_override", "dac_read_search", "fowner", "chown",
@@ -43,22 +44,57 @@ def main(criu: str, args: list[str]) -> None:
 
 
 def _run_as_owner(argv: list[str]) -> int:
-    """Run a CRIU that its owner can signal; a stop or a kill ends the dump with a reason."""
+    """Run a CRIU that its owner can signal; a stop of it or of a process it forked, or a kill,
+    ends the dump with a reason (a stopped child of CRIU would leave CRIU waiting for good)."""
     pid = os.spawnvp(os.P_NOWAIT, argv[0], argv)
     while True:
-        _, status = os.waitpid(pid, os.WUNTRACED)
-        if os.WIFSTOPPED(status):
-            os.kill(pid, signal.SIGKILL)
+        done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        stopped = done and os.WIFSTOPPED(status) or any(_state(p) == "T" for p in _descendants(pid))
+        if stopped:
+            for p in [pid, *_descendants(pid)]:
+                _kill(p)
             os.waitpid(pid, 0)
-            print("Error (gpucr): CRIU, which dumps as the process's owner, was stopped by a signal "
-                  f"({signal.Signals(os.WSTOPSIG(status)).name}); the dump was abandoned.", file=sys.stderr)
+            print("Error (gpucr): CRIU, which dumps as the process's owner, was stopped by a signal; the dump was "
+                  "abandoned.", file=sys.stderr)
             return 1
-        code = os.waitstatus_to_exitcode(status)
-        if code < 0:
-            print(f"Error (gpucr): CRIU, which dumps as the process's owner, was killed by {signal.Signals(-code).name}; "
-                  "the dump was abandoned.", file=sys.stderr)
-            return 1
-        return code
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            if code < 0:
+                print(f"Error (gpucr): CRIU, which dumps as the process's owner, was killed by "
+                      f"{signal.Signals(-code).name}; the dump was abandoned.", file=sys.stderr)
+                return 1
+            return code
+        time.sleep(0.02)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            continue
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 if __name__ == "__main__":
