@@ -148,7 +148,7 @@ class Daemon:
             try:
                 holder = _check_owner(cr.store.procs_root / name, rec, peer)
             except GPUCRError as e:
-                e.message += " The process was left running."
+                e.message = e.message.rstrip(". ") + ". The process was left running."
                 raise
             _refuse_deleted_files(name, rec["pid"])
             # checked again once frozen: in between, a task could have run a set-user-ID program
