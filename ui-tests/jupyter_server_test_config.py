@@ -13,9 +13,13 @@ and exposes the JupyterLab application object to the page.
 - JupyterLab's user settings in a temporary directory: tests that turn galata's
   in-memory settings off (mockSettings: false) write real settings there, never
   into ~/.jupyter. JupyterLab's news and update checks are off in it.
+- a second Python kernelspec, ``python3-idle``, whose kernels are suspended
+  after 5 s without activity (the idle timeout of every other kernel is a
+  day, so that no other test's kernel goes to disk on its own).
 """
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -63,3 +67,16 @@ _settings = Path(tempfile.mkdtemp(prefix="gpucr-ui-settings-"))
 c.LabApp.user_settings_dir = str(_settings)  # noqa: F821
 
 c.ServerApp.log_level = os.environ.get("GPUCR_UI_LOG_LEVEL", "INFO")  # noqa: F821
+
+# Idle suspension for the python3-idle kernelspec only (idle timeouts are per kernelspec).
+c.GPUCR.idle_timeout = 86400  # noqa: F821
+c.GPUCR.idle_check_interval = 1  # noqa: F821
+_kernels = Path(tempfile.mkdtemp(prefix="gpucr-ui-kernels-"))
+(_kernels / "kernels" / "python3-idle").mkdir(parents=True)
+(_kernels / "kernels" / "python3-idle" / "kernel.json").write_text(json.dumps({
+    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    "display_name": "Python 3 (suspended after 5 s unused)",
+    "language": "python",
+    "metadata": {"gpucr_idle_timeout": 5},
+}))
+os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(_kernels), os.environ.get("JUPYTER_PATH")) if p)

@@ -348,8 +348,15 @@ export function addCommands(ctx: ICommandContext): void {
           p.context.path === item.notebook_path &&
           !p.sessionContext.session?.kernel
       );
-      const restore = (replace: boolean) =>
-        model.restoreFromTrash(item.id, { replace, sessions: !waiting });
+      const restore = (replace: boolean) => {
+        if (item.kernel_id) {
+          notifier.fromTrash(item.kernel_id);
+        }
+        return model.restoreFromTrash(item.id, {
+          replace,
+          sessions: !waiting
+        });
+      };
       const warn = (error: unknown) => {
         const text = errorText(error, name);
         trashWarnings.set(

@@ -90,9 +90,11 @@ export function timeValue(value: Timestamp | null | undefined): number {
 }
 
 /**
- * How long ago `iso` was, relative to `now`: `just now`, `5 min ago`,
- * `2 h 5 min ago`; `''` when the time is unknown. Times slightly in the
- * future (clock skew between browser and server) read `just now`.
+ * How long ago `time` was, relative to `now`, to the minute: `just now`,
+ * `5 min ago`, `2 h 5 min ago`, `3 d 4 h ago`; `''` when the time is
+ * unknown. Times slightly in the future (clock skew between browser and
+ * server) read `just now`. Every view passes the model's clock as `now`
+ * (GpucrModel.now), so that they all say the same.
  */
 export function formatSince(
   time: Timestamp | null | undefined,
@@ -103,10 +105,11 @@ export function formatSince(
     return '';
   }
   const seconds = (now.getTime() - date.getTime()) / 1000;
-  if (seconds < 10) {
+  if (seconds < 60) {
     return 'just now';
   }
-  return `${formatDuration(seconds)} ago`;
+  const minutes = Math.floor(seconds / 60);
+  return `${formatDuration(minutes < 60 ? minutes * 60 : seconds)} ago`;
 }
 
 /** A local date and time for tooltips and the side panel, `''` if unknown. */
@@ -166,30 +169,42 @@ export function phaseLabel(phase: string | null | undefined): string {
 }
 
 /**
- * Progress as text: `writing image 1.2 GiB / 5.0 GiB (24%)`,
- * `writing image 1.2 GiB` without a total, `verifying` without bytes.
+ * Progress as text. While a suspend writes its image the total is the
+ * server's estimate (the kernel's memory), not the image's final size: the
+ * text says what is written and how far along, `writing image 1.2 GiB (24%)`.
+ * A restore reads an image of known size: `reading image 1.2 GiB / 5.0 GiB
+ * (24%)`. Other phases have no bytes worth showing: `verifying`. A kernel
+ * without GPU memory (`kind` not `gpu`) shows no GPU step: `preparing`.
  */
-export function formatProgress(progress: IProgress | null | undefined): string {
+export function formatProgress(
+  progress: IProgress | null | undefined,
+  kind: string | null | undefined = 'gpu'
+): string {
   if (!progress) {
     return '';
   }
-  const parts: string[] = [];
-  const label = phaseLabel(progress.phase);
-  if (label) {
-    parts.push(label);
-  }
+  const phase = progress.phase;
+  const label =
+    kind !== 'gpu' && phase === 'gpu-checkpoint'
+      ? 'preparing'
+      : kind !== 'gpu' && phase === 'gpu-restore'
+        ? 'finishing'
+        : phaseLabel(phase);
   const done = progress.bytes_done;
   const total = progress.bytes_total;
-  if (typeof done === 'number' && done >= 0) {
-    if (typeof total === 'number' && total > 0) {
-      parts.push(
-        `${formatBytes(done)} / ${formatBytes(total)} (${progressPercent(progress)}%)`
-      );
-    } else if (done > 0) {
-      parts.push(formatBytes(done));
+  const percent = progressPercent(progress);
+  let bytes = '';
+  if (typeof done === 'number' && done > 0) {
+    if (phase === 'dumping') {
+      bytes = formatBytes(done) + (percent !== null ? ` (${percent}%)` : '');
+    } else if (phase === 'restoring') {
+      bytes =
+        percent !== null
+          ? `${formatBytes(done)} / ${formatBytes(total)} (${percent}%)`
+          : formatBytes(done);
     }
   }
-  return parts.join(' ');
+  return [label, bytes].filter(Boolean).join(' ');
 }
 
 /** A duration of an operation in seconds: `0.8 s`, `2.3 s`, `45 s`, `3 min 20 s`. */

@@ -56,7 +56,7 @@ export class GpucrKernelIndicator extends Widget {
       return;
     }
     const icon = state.state === 'restoring' ? resumeIcon : suspendIcon;
-    const { title } = describeKernelState(state);
+    const { title } = describeKernelState(state, this._model.now);
     const word =
       state.state === 'suspended'
         ? 'Suspended to disk'

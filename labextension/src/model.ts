@@ -249,6 +249,8 @@ export interface IKernelTransition {
 const RESTORE_GRACE_MS = 15000;
 /** Poll interval while an operation is in flight. */
 const FAST_POLL_MS = 1000;
+/** How often the views' shared clock (`GpucrModel.now`) advances. */
+const CLOCK_MS = 15000;
 
 /**
  * The client-side store: kernel states (polled for the kernels the UI shows
@@ -259,6 +261,23 @@ export class GpucrModel implements IDisposable {
   constructor(options: GpucrModel.IOptions = {}) {
     this.client = options.client ?? new GpucrClient(options.serverSettings);
     this._pollInterval = options.pollInterval ?? 3000;
+    this._clock = setInterval(() => {
+      this._now = new Date();
+      this._ticked.emit();
+    }, CLOCK_MS);
+  }
+
+  /**
+   * The time every view says "… ago" from: one clock, advanced every 15 s,
+   * so that the status bar, the side panel and the Running sidebar agree.
+   */
+  get now(): Date {
+    return this._now;
+  }
+
+  /** Emitted when `now` advances: views showing ages render again. */
+  get ticked(): ISignal<this, void> {
+    return this._ticked;
   }
 
   /** The REST client. */
@@ -634,6 +653,7 @@ export class GpucrModel implements IDisposable {
       return;
     }
     this._isDisposed = true;
+    clearInterval(this._clock);
     if (this._timer !== null) {
       clearTimeout(this._timer);
       this._timer = null;
@@ -771,6 +791,9 @@ export class GpucrModel implements IDisposable {
   private _isDisposed = false;
   private _kernelChanged = new Signal<this, IKernelTransition>(this);
   private _changed = new Signal<this, void>(this);
+  private _now = new Date();
+  private _clock: ReturnType<typeof setInterval>;
+  private _ticked = new Signal<this, void>(this);
 }
 
 export namespace GpucrModel {

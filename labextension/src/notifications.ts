@@ -37,16 +37,31 @@ export class GpucrNotifier {
     return kernelLabel(kernelId, this._pathForKernel(kernelId));
   }
 
-  /** Show a notice about a kernel; it replaces the kernel's last sticky one. */
+  /**
+   * Show a notice about a kernel; it replaces the kernel's last one that
+   * lasts until the state changes: a sticky one, or one that offers to
+   * cancel a pending suspend (its Cancel means nothing once it is over).
+   */
   show(kernelId: string, notice: INotice): void {
     this.dismiss(kernelId);
     const id = Notification.emit(notice.message, notice.type, {
       autoClose: notice.autoClose,
       actions: notice.actions.map(name => this._action(name, kernelId))
     });
-    if (notice.autoClose === false) {
+    if (
+      notice.autoClose === false ||
+      notice.actions.includes('cancel-suspend')
+    ) {
       this._sticky.set(kernelId, id);
     }
+  }
+
+  /**
+   * The kernel comes back from the trash, suspended: the restore says so
+   * itself, not as a suspend that just finished.
+   */
+  fromTrash(kernelId: string): void {
+    this._fromTrash.add(kernelId);
   }
 
   /** Say that a suspended kernel was shut down and where its saved state went. */
@@ -96,6 +111,9 @@ export class GpucrNotifier {
     if (previous && previous.state !== current.state) {
       // A new state: the refusal or failure of the last one is stale.
       this.dismiss(kernelId);
+    }
+    if (current.state === 'suspended' && this._fromTrash.delete(kernelId)) {
+      return;
     }
     const notice = transitionNotice(previous, current, this.label(kernelId));
     if (notice) {
@@ -203,7 +221,8 @@ export class GpucrNotifier {
       case 'doctor':
         return {
           label: 'Diagnose',
-          caption: 'Open the gpucr panel and its doctor report',
+          caption:
+            'Open the Suspended kernels panel and what works on this server',
           displayType: 'link',
           callback: () => {
             void this._model.refreshDoctor();
@@ -213,7 +232,7 @@ export class GpucrNotifier {
       case 'open-panel':
       default:
         return {
-          label: 'Open gpucr panel',
+          label: 'Open Suspended kernels',
           displayType: 'link',
           callback: () => void this._commands.execute(CommandIDs.openPanel)
         };
@@ -225,6 +244,7 @@ export class GpucrNotifier {
   private _pathForKernel: (kernelId: string) => string | null;
   private _sticky = new Map<string, string>();
   private _busy = new Set<string>();
+  private _fromTrash = new Set<string>();
 }
 
 export namespace GpucrNotifier {

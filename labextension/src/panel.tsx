@@ -40,13 +40,15 @@ export class GpucrPanel extends ReactWidget {
     this._pathForKernel = options.pathForKernel;
     this.id = 'jp-gpucr-panel';
     this.title.icon = gpuIcon;
-    this.title.caption = 'Suspended kernels (gpucr)';
+    this.title.caption = 'Suspended kernels';
     this.addClass('jp-gpucr-Panel');
-    this._model.changed.connect(() => {
+    const update = () => {
       if (this.isVisible) {
         this.update();
       }
-    }, this);
+    };
+    this._model.changed.connect(update, this);
+    this._model.ticked.connect(update, this);
   }
 
   protected onAfterShow(msg: Message): void {
@@ -145,7 +147,7 @@ export class GpucrPanel extends ReactWidget {
     checkpoint: ICheckpoint | null
   ): JSX.Element {
     const path = this._pathForKernel(state.kernel_id);
-    const { label, title } = describeKernelState(state);
+    const { label, title } = describeKernelState(state, this._model.now);
     const engine = checkpoint?.engine ?? state.checkpoint?.engine;
     const details = [
       engineLabel(engine ?? state.engine),
@@ -176,7 +178,7 @@ export class GpucrPanel extends ReactWidget {
           )}
           {isTransient(state.state) && state.progress && (
             <div className="jp-gpucr-Item-detail">
-              {formatProgress(state.progress)}
+              {formatProgress(state.progress, state.kind)}
             </div>
           )}
         </div>
@@ -238,7 +240,8 @@ export class GpucrPanel extends ReactWidget {
             title={formatDate(checkpoint.created)}
           >
             saved{' '}
-            {formatSince(checkpoint.created) || formatDate(checkpoint.created)}
+            {formatSince(checkpoint.created, this._model.now) ||
+              formatDate(checkpoint.created)}
           </div>
           <div className="jp-gpucr-Item-detail">{details.join(' · ')}</div>
         </div>
@@ -287,7 +290,8 @@ export class GpucrPanel extends ReactWidget {
             title={`Deleted for good at ${formatDate(item.expires_at)}`}
           >
             trashed{' '}
-            {formatSince(item.trashed_at) || formatDate(item.trashed_at)}
+            {formatSince(item.trashed_at, this._model.now) ||
+              formatDate(item.trashed_at)}
           </div>
           <div className="jp-gpucr-Item-detail">{details.join(' · ')}</div>
         </div>

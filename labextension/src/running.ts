@@ -74,11 +74,14 @@ export function addRunningSection(options: {
       icon: () => suspendIcon,
       label: () => kernelLabel(state.kernel_id, path),
       labelTitle: () =>
-        `${path ?? state.kernel_id}\n${describeKernelState(state).title}`,
+        `${path ?? state.kernel_id}\n${describeKernelState(state, model.now).title}`,
       detail: () =>
         [
           typeof size === 'number' ? formatBytes(size) : '',
-          formatSince(state.suspended_at ?? state.checkpoint?.created)
+          formatSince(
+            state.suspended_at ?? state.checkpoint?.created,
+            model.now
+          )
         ]
           .filter(Boolean)
           .join(' · '),
@@ -131,5 +134,6 @@ export function addRunningSection(options: {
     runningChanged.emit();
   };
   model.changed.connect(update);
+  model.ticked.connect(() => runningChanged.emit());
   update();
 }

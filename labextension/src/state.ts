@@ -174,7 +174,7 @@ export function describeKernelState(
       };
     }
     case 'suspending': {
-      const progress = formatProgress(state.progress);
+      const progress = formatProgress(state.progress, state.kind);
       return {
         label: truncate(`Suspending… ${progress}`.trim(), 60),
         title: `Suspending the kernel to disk${progress ? `: ${progress}` : ''}.`,
@@ -182,7 +182,7 @@ export function describeKernelState(
       };
     }
     case 'restoring': {
-      const progress = formatProgress(state.progress);
+      const progress = formatProgress(state.progress, state.kind);
       return {
         label: truncate(`Restoring… ${progress}`.trim(), 60),
         title: `Restoring the kernel from disk${progress ? `: ${progress}` : ''}. Cells run as soon as it is back.`,
@@ -476,6 +476,12 @@ export function transitionNotice(
   }
   const was = previous.state;
   const now = current.state;
+  const newCheckpoint =
+    !!current.checkpoint?.id &&
+    current.checkpoint.id !== previous.checkpoint?.id;
+  if (now === 'suspended' && newCheckpoint && was !== 'restoring') {
+    return suspendedNotice(current, name);
+  }
   if (was === now) {
     return null;
   }
@@ -495,25 +501,6 @@ export function transitionNotice(
       autoClose: 5000
     };
   }
-  if (now === 'suspended' && was !== 'restoring') {
-    const took = formatSeconds(current.timings?.total);
-    const size = current.checkpoint?.size;
-    const details = [
-      typeof size === 'number' ? formatBytes(size) : '',
-      engineLabel(current.checkpoint?.engine ?? current.engine)
-    ].filter(Boolean);
-    return {
-      type: 'success',
-      message: fitToast(
-        `${name} was suspended to disk` +
-          (took ? ` in ${took}` : '') +
-          (details.length ? ` (${details.join(', ')})` : '') +
-          '. Run a cell to bring it back.'
-      ),
-      actions: [],
-      autoClose: 6000
-    };
-  }
   if (now === 'running' && (was === 'restoring' || was === 'suspended')) {
     if (
       current.restored_at &&
@@ -526,6 +513,34 @@ export function transitionNotice(
     }
   }
   return null;
+}
+
+/**
+ * A finished suspend, once its new checkpoint is known (the event that says
+ * "suspended" comes before the state with the checkpoint's size and why it
+ * was made: the notice waits for that).
+ */
+function suspendedNotice(current: IKernelState, name: string): INotice {
+  const took = formatSeconds(current.timings?.total);
+  const size = current.checkpoint?.size;
+  const details = [
+    typeof size === 'number' ? formatBytes(size) : '',
+    engineLabel(current.checkpoint?.engine ?? current.engine)
+  ].filter(Boolean);
+  const what =
+    current.checkpoint?.reason === 'idle'
+      ? `${name} was idle, so it was suspended to disk`
+      : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
+  return {
+    type: 'success',
+    message: fitToast(
+      what +
+        (details.length ? ` (${details.join(', ')})` : '') +
+        '. Run a cell to bring it back.'
+    ),
+    actions: [],
+    autoClose: 6000
+  };
 }
 
 /** End `text` with a full stop unless it ends with punctuation already. */
@@ -593,7 +608,7 @@ export function stateChanged(
 /**
  * What the confirmation before a restart or shutdown of a suspended kernel
  * says: `The suspended state of train.ipynb (5.0 GiB, saved at 14:02) goes to
- * the trash for 24 h; you can bring it back from the gpucr panel.`
+ * the trash for 24 h; you can bring it back from the Suspended kernels panel.`
  */
 export function trashWarning(
   label: string,
@@ -613,7 +628,7 @@ export function trashWarning(
   return (
     `The suspended state of ${label}` +
     (details.length ? ` (${details.join(', ')})` : '') +
-    ` goes to the trash for ${hours} h; you can bring it back from the gpucr panel.`
+    ` goes to the trash for ${hours} h; you can bring it back from the Suspended kernels panel.`
   );
 }
 

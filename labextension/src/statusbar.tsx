@@ -23,12 +23,7 @@ export class GpucrStatus extends ReactWidget {
     this._onCancel = options.onCancel;
     this.addClass('jp-gpucr-StatusItem');
     this._model.kernelChanged.connect(this._onKernelChanged, this);
-    // Keep "3 min ago" fresh.
-    this._clock = setInterval(() => {
-      if (this.isVisible) {
-        this.update();
-      }
-    }, 30000);
+    this._model.ticked.connect(this._onTick, this);
   }
 
   /** The kernel shown (the current notebook's), or null. */
@@ -71,7 +66,7 @@ export class GpucrStatus extends ReactWidget {
   }
 
   dispose(): void {
-    clearInterval(this._clock);
+    this._model.ticked.disconnect(this._onTick, this);
     super.dispose();
   }
 
@@ -80,7 +75,7 @@ export class GpucrStatus extends ReactWidget {
     if (!state) {
       return null;
     }
-    const { label, title, kind } = describeKernelState(state);
+    const { label, title, kind } = describeKernelState(state, this._model.now);
     const percent = isTransient(state.state)
       ? progressPercent(state.progress)
       : null;
@@ -94,7 +89,7 @@ export class GpucrStatus extends ReactWidget {
       <div
         className={`jp-gpucr-Status jp-gpucr-Status-${kind}`}
         data-state={state.state}
-        title={title + '\nClick to open the gpucr panel.'}
+        title={title + '\nClick to open the Suspended kernels panel.'}
         onClick={() => this._onClick?.()}
       >
         <icon.react
@@ -124,6 +119,13 @@ export class GpucrStatus extends ReactWidget {
     );
   }
 
+  /** Keep "3 min ago" fresh, in step with the other views. */
+  private _onTick(): void {
+    if (this.isVisible) {
+      this.update();
+    }
+  }
+
   private _onKernelChanged(_: GpucrModel, change: IKernelTransition): void {
     if (change.kernelId !== this._kernelId) {
       return;
@@ -143,7 +145,6 @@ export class GpucrStatus extends ReactWidget {
   private _onCancel: ((kernelId: string) => void) | undefined;
   private _kernelId: string | null = null;
   private _enabled = true;
-  private _clock: ReturnType<typeof setInterval>;
   private _activeStateChanged = new Signal<this, void>(this);
 }
 

@@ -53,6 +53,8 @@ export interface ICheckpointSummary {
   gpu_model: string | null;
   gpus?: unknown[];
   notebook_path?: string | null;
+  /** Why it was made: `manual`, `idle` (the idle timeout), `server-stop`. */
+  reason?: string | null;
 }
 
 /** The GPU a running kernel uses. */

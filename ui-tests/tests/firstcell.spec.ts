@@ -25,7 +25,7 @@ async function newNotebookFromLauncher(page: Page): Promise<string> {
   });
   await page
     .locator(`[id="${launcher}"] .jp-LauncherCard[data-category="Notebook"]`)
-    .first()
+    .filter({ hasText: 'Python 3 (ipykernel)' })
     .click();
   await page.waitForFunction(
     () =>

@@ -256,12 +256,16 @@ export async function suspendByRest(
 export async function newNotebook(
   page: IJupyterLabPageFixture,
   name: string,
-  source: string
+  source: string,
+  kernel: { name: string; display_name: string } = {
+    name: 'python3',
+    display_name: 'Python 3 (ipykernel)'
+  }
 ): Promise<string> {
   const dir = await page.filebrowser.getCurrentDirectory();
   const path = dir ? `${dir}/${name}` : name;
   await page.evaluate(
-    async ({ path, source }) => {
+    async ({ path, source, kernel }) => {
       const app = (window as any).jupyterapp;
       await app.serviceManager.contents.save(path, {
         type: 'notebook',
@@ -277,11 +281,7 @@ export async function newNotebook(
             }
           ],
           metadata: {
-            kernelspec: {
-              name: 'python3',
-              display_name: 'Python 3 (ipykernel)',
-              language: 'python'
-            }
+            kernelspec: { ...kernel, language: 'python' }
           },
           nbformat: 4,
           nbformat_minor: 5
@@ -289,10 +289,10 @@ export async function newNotebook(
       });
       await app.commands.execute('docmanager:open', {
         path,
-        kernel: { name: 'python3' }
+        kernel: { name: kernel.name }
       });
     },
-    { path, source }
+    { path, source, kernel }
   );
   await page.waitForFunction(
     p => (window as any).jupyterapp.shell.currentWidget?.context?.path === p,

@@ -314,7 +314,7 @@ test.describe('suspended kernels in JupyterLab', () => {
     await expect(dialog).toContainText(
       new RegExp(
         `The suspended state of ${name.replace('.', '\\.')} \\(\\d+(\\.\\d)? MiB, saved at \\d\\d:\\d\\d\\) ` +
-          'goes to the trash for 24 h; you can bring it back from the gpucr panel\\.'
+          'goes to the trash for 24 h; you can bring it back from the Suspended kernels panel\\.'
       )
     );
     await shot(page, 'shutdown-suspended-dialog');
@@ -521,7 +521,7 @@ test.describe('suspended kernels in JupyterLab', () => {
     await expect(dialog).toContainText('Restart the suspended kernel?');
     await expect(dialog).toContainText(`The suspended state of ${name} (`);
     await expect(dialog).toContainText(
-      'goes to the trash for 24 h; you can bring it back from the gpucr panel. The restarted kernel starts empty'
+      'goes to the trash for 24 h; you can bring it back from the Suspended kernels panel. The restarted kernel starts empty'
     );
     await dialog.getByRole('button', { name: 'Restart' }).click();
     await expect(

@@ -380,6 +380,13 @@ test.describe('suspend UI with the real server extension', () => {
       await expect(status).toHaveAttribute('data-state', 'suspended', {
         timeout: 60000
       });
+      // The pending notice and its Cancel are gone with what they were about,
+      // from the toasts and from the notification center.
+      await page.locator('.jp-Notification-Status').click();
+      const center = page.locator('.jp-Notification-Center');
+      await expect(center).toBeVisible();
+      await expect(center).not.toContainText('will be suspended to disk');
+      await page.locator('.jp-Notification-Status').click();
       expect(
         ((await page.notebook.getCellTextOutput(long)) ?? []).join('')
       ).toContain('slept');

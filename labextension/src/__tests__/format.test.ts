@@ -62,8 +62,12 @@ describe('formatSince', () => {
   const now = new Date('2026-11-30T18:10:00Z');
   it('is relative to now', () => {
     assert.equal(formatSince('2026-11-30T18:09:55Z', now), 'just now');
+    assert.equal(formatSince('2026-11-30T18:09:01Z', now), 'just now');
     assert.equal(formatSince('2026-11-30T18:05:00Z', now), '5 min ago');
+    // To the minute: no seconds that a view refreshed now and then would show stale.
+    assert.equal(formatSince('2026-11-30T18:06:40Z', now), '3 min ago');
     assert.equal(formatSince('2026-11-30T16:00:00Z', now), '2 h 10 min ago');
+    assert.equal(formatSince('2026-11-27T14:00:00Z', now), '3 d 4 h ago');
   });
   it('treats clock skew as just now and unknown as empty', () => {
     assert.equal(formatSince('2026-11-30T18:10:30Z', now), 'just now');
@@ -129,18 +133,40 @@ describe('progress', () => {
     assert.equal(phaseLabel(null), '');
   });
   it('formats progress text', () => {
+    // A suspend's total is an estimate: not shown as a size.
     assert.equal(
       formatProgress({
         phase: 'dumping',
         bytes_done: 1024 ** 3,
         bytes_total: 4 * 1024 ** 3
       }),
-      'writing image 1.0 GiB / 4.0 GiB (25%)'
+      'writing image 1.0 GiB (25%)'
     );
     assert.equal(
       formatProgress({ phase: 'dumping', bytes_done: 2048, bytes_total: null }),
       'writing image 2.0 KiB'
     );
+    assert.equal(
+      formatProgress({
+        phase: 'verifying',
+        bytes_done: 4 * 1024 ** 3,
+        bytes_total: 4 * 1024 ** 3
+      }),
+      'verifying'
+    );
+    // A restore reads an image of known size.
+    assert.equal(
+      formatProgress({
+        phase: 'restoring',
+        bytes_done: 1024 ** 3,
+        bytes_total: 4 * 1024 ** 3
+      }),
+      'reading image 1.0 GiB / 4.0 GiB (25%)'
+    );
+    // No GPU step for a kernel without GPU memory.
+    const gpuStep = { phase: 'gpu-checkpoint', bytes_done: 0, bytes_total: 5 };
+    assert.equal(formatProgress(gpuStep, 'cpu'), 'preparing');
+    assert.equal(formatProgress(gpuStep, 'gpu'), 'saving GPU memory');
     assert.equal(
       formatProgress({
         phase: 'verifying',

@@ -93,7 +93,7 @@ describe('describeKernelState', () => {
       }),
       NOW
     );
-    assert.equal(d.label, 'Suspending… writing image 1.0 GiB / 4.0 GiB (25%)');
+    assert.equal(d.label, 'Suspending… writing image 1.0 GiB (25%)');
     assert.equal(d.kind, 'busy');
   });
   it('shows suspending without progress', () => {
@@ -435,6 +435,32 @@ describe('transitionNotice', () => {
     assert.ok(r!.message.length <= TOAST_MAX, r!.message);
     assert.match(r!.message, /and \d+ more$/);
   });
+  it('waits for the new checkpoint before announcing a suspend', () => {
+    // The event says "suspended" first, with the checkpoint of the last suspend.
+    const before = kernel({ state: 'suspending', checkpoint: CHECKPOINT });
+    const fromEvent = { ...before, state: 'suspended' as const };
+    assert.equal(transitionNotice(before, fromEvent, label), null);
+    const full = kernel({
+      state: 'suspended',
+      checkpoint: { ...CHECKPOINT, id: 'ckpt-2', reason: 'idle' }
+    });
+    const n = transitionNotice(fromEvent, full, label);
+    assert.equal(
+      n?.message,
+      'Train.ipynb was idle, so it was suspended to disk (5.0 GiB, whole process). Run a cell to bring it back.'
+    );
+    assert.equal(transitionNotice(full, { ...full }, label), null);
+  });
+  it('says nothing new when a failed restore leaves the kernel suspended', () => {
+    assert.equal(
+      transitionNotice(
+        kernel({ state: 'restoring', checkpoint: null }),
+        kernel({ state: 'suspended', checkpoint: CHECKPOINT }),
+        label
+      ),
+      null
+    );
+  });
   it('says how long a suspend took', () => {
     const n = transitionNotice(
       kernel({ state: 'suspending' }),
@@ -493,8 +519,16 @@ describe('transitionNotice', () => {
     assert.equal(done?.type, 'success');
   });
   it('announces an idle suspend seen only by polling', () => {
-    const n = transitionNotice(kernel(), kernel({ state: 'suspended' }), label);
+    const n = transitionNotice(
+      kernel(),
+      kernel({
+        state: 'suspended',
+        checkpoint: { ...CHECKPOINT, reason: 'idle' }
+      }),
+      label
+    );
     assert.equal(n?.type, 'success');
+    assert.match(n!.message, /^Train\.ipynb was idle, so it was suspended/);
   });
 });
 
@@ -576,7 +610,7 @@ describe('words', () => {
     );
     assert.equal(
       text,
-      'The suspended state of train.ipynb (5.0 GiB, saved at 14:02) goes to the trash for 24 h; you can bring it back from the gpucr panel.'
+      'The suspended state of train.ipynb (5.0 GiB, saved at 14:02) goes to the trash for 24 h; you can bring it back from the Suspended kernels panel.'
     );
   });
   it('puts server errors in plain words: the name instead of the kernel id, no HTTP status', () => {
