@@ -20,6 +20,7 @@ import sys
 import time
 
 CAP_SYS_RESOURCE = 24
+STALLED_S = 3.0
 CAPS = ("sys_admin", "sys_ptrace", "checkpoint_restore", "net_admin", "dac_override", "dac_read_search", "fowner", "chown",
         "setuid", "setgid", "kill", "sys_chroot", "fsetid", "setpcap", "sys_nice")
 
@@ -44,13 +45,16 @@ def main(criu: str, args: list[str]) -> None:
 
 
 def _run_as_owner(argv: list[str]) -> int:
-    """Run a CRIU that its owner can signal; a stop of it or of a process it forked, or a kill,
-    ends the dump with a reason (a stopped child of CRIU would leave CRIU waiting for good)."""
+    """Run a CRIU that its owner can signal; a stop of it, a kill, or a process it forked left
+    stopped (CRIU would wait for it for good) ends the dump with a reason. CRIU stops helpers of
+    its own for moments; only one stopped for ``STALLED_S`` counts."""
     pid = os.spawnvp(os.P_NOWAIT, argv[0], argv)
+    stopped_since: dict[int, float] = {}
     while True:
         done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
-        stopped = done and os.WIFSTOPPED(status) or any(_state(p) == "T" for p in _descendants(pid))
-        if stopped:
+        now = time.monotonic()
+        stopped_since = {p: stopped_since.get(p, now) for p in _descendants(pid) if _state(p) == "T"}
+        if done and os.WIFSTOPPED(status) or any(now - t > STALLED_S for t in stopped_since.values()):
             for p in [pid, *_descendants(pid)]:
                 _kill(p)
             os.waitpid(pid, 0)
