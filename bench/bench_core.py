@@ -58,7 +58,7 @@ def gpucr_round(store: Path, kind: str, size_gb: float) -> dict:
 
 
 def raw_round(store: Path, kind: str, size_gb: float) -> dict:
-    """The same process through the bare driver API + CRIU commands (FINDINGS.md's flow)."""
+    """The same process through the bare driver API + CRIU commands (lock, checkpoint, dump; restore, driver restore, unlock)."""
     images = store / f"raw-{kind}"
     images.mkdir(parents=True, exist_ok=True)
     cmd = agent_command("cpu_agent.py", str(int(size_gb * 1024))) if kind == "cpu" else agent_command("gpu_agent.py", str(size_gb))

@@ -1,4 +1,4 @@
-"""The raw driver + CRIU path every gpucr figure is compared with (FINDINGS.md's flow): driver lock
+"""The raw driver + CRIU path every gpucr figure is compared with: driver lock
 and checkpoint, ``criu dump``; ``criu restore -d``, driver restore and unlock. Nothing else."""
 from __future__ import annotations
 

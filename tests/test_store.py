@@ -154,7 +154,7 @@ def test_names_outside_the_rule_are_refused_clearly(store_dir, bad):
 
 def test_the_intent_waits_for_no_disk_and_the_commit_makes_everything_durable(store_dir, monkeypatch):
     """The intent is written before the GPU is touched; an fsync there waited for the journal, i.e.
-    for the disk to take the offloaded tensors (0.9 s in W2's disk suspend, run 48). The commit
+    for the disk to take the offloaded tensors (0.9 s in W2's disk suspend on the H200). The commit
     fsyncs every file and folder of the checkpoint, the intent with them."""
     store = Store(store_dir)
     synced: list[str] = []

@@ -935,7 +935,7 @@ def _in_background(fn: Callable[..., None], *args: Any) -> Future[None]:
 
 
 def _unix_name_still_held(line: str) -> bool:
-    """A UNIX socket name the process had bound is still taken. Seen once on the H200 (run 27),
+    """A UNIX socket name the process had bound is still taken. Seen once on the H200,
     restoring right after the dumped process was killed; not understood yet (a socket whose last
     reference is in flight lingers until the kernel's unix garbage collector frees it). Wait a
     moment and say retry; a second failure is reported."""

@@ -26,8 +26,9 @@ from .procs import in_own_pidns, innermost_pid
 
 MIN_VERSION = (4, 2)
 
-# Options every dump and restore needs (FINDINGS.md): kernels hold loopback TCP connections to
-# themselves; no iptables binary exists, so the network lock goes through libnftables.
+# Options every dump and restore needs: kernels hold established loopback TCP connections to
+# themselves (--tcp-close would break them); without "--network-lock nftables" CRIU looks for the
+# iptables binary, which the bundle does not have, so the network lock goes through libnftables.
 COMMON_OPTS = ["--tcp-established", "--network-lock", "nftables", "--file-locks", "--shell-job"]
 # -v3 makes the log end with "Dumping finished successfully", the proof recovery needs that a
 # dump completed when the process that started it died before reading CRIU's exit status.

@@ -1,7 +1,7 @@
 """The cuda engine: GPU memory out of and back into a process through the driver's
 checkpoint API (r570+, remapping r580+), driven from outside the process.
 
-Flow (FINDINGS.md): lock -> checkpoint (GPU memory moves to host memory, the GPU is free)
+Flow: lock -> checkpoint (GPU memory moves to host memory, the GPU is free)
 -> CRIU dump ... CRIU restore -> restore with a map covering every GPU -> unlock.
 """
 from __future__ import annotations

@@ -102,8 +102,9 @@ def plan_placement(used: list[dict[str, Any]], all_old: list[str], spec: str | i
                    gpus: list[Gpu], margin: int = 256 << 20) -> dict[str, str]:
     """Map every GPU UUID of the checkpoint's machine to a GPU here.
 
-    The driver needs a map covering every GPU (FINDINGS.md): the GPUs the process used go to
-    the chosen targets, the rest fill the remaining GPUs in order.
+    The driver needs a map covering every GPU of the machine (one naming only the moved GPU fails
+    with CUDA_ERROR_INVALID_VALUE): the GPUs the process used go to the chosen targets, the rest
+    fill the remaining GPUs in order.
     """
     if not used:
         return {}

@@ -292,7 +292,7 @@ class Store:
         process with it (its checkpoint could not be finished anyway), and the commit fsyncs it
         with the images. On ext4 an fsync here waited for the journal, i.e. for the disk to take
         the kernel's offloaded tensors already handed to it: 0.9 s before the GPU was touched
-        (W2 on the H200, run 48)."""
+        (W2 on the H200)."""
         write_json_atomic(tmp / INTENT, intent, durable=False)
 
     def tmp_dirs(self, name: str | None = None) -> list[Path]:

@@ -42,8 +42,8 @@ class WritebackWhileWriting:
     a 5.4 s suspend, until the offload had ended). Only appends: a range is handed over once.
 
     Leaving the block never waits: ``sync_file_range`` blocks while the disk's queue is full, and
-    the caller (the server's event loop) must go on to free the GPU (run 47: joining here made
-    that 3.8 s instead of 0.8 s). The thread hands the rest over and ends on its own; durability
+    the caller (the server's event loop) must go on to free the GPU (joining here made that 3.8 s
+    instead of 0.8 s for W2 on the H200). The thread hands the rest over and ends on its own; durability
     is the checkpoint's fsync, which this only starts early."""
 
     def __init__(self, folder: Path, interval: float = 0.05) -> None:
