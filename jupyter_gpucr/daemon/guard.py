@@ -164,8 +164,9 @@ class RestoreGuard:
         (workdir / REFUSED).unlink(missing_ok=True)
         _write_private(path, json.dumps({"inodes": sorted(approved.inodes), "proc_paths": sorted(approved.proc_paths),
                                           "fds": approved.fds}))
-        _write_private(script, "#!/bin/sh\nexec " + shlex.join([sys.executable, "-I", "-S", restorecheck.__file__, str(path)])
-                       + "\n", 0o700)
+        check = shlex.join([sys.executable, "-I", "-S", restorecheck.__file__, str(path)])
+        # CRIU runs it at every stage of the restore; Python starts only for the one that checks.
+        _write_private(script, f'#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = post-restore ] || exit 0\nexec {check}\n', 0o700)
         return ["--action-script", str(script)]
 
     @staticmethod

@@ -71,10 +71,13 @@ def unapproved(pid: int, inodes: set[tuple[int, int]], proc_paths: set[str], fds
 def main(approved_path: str) -> int:
     if os.environ.get("CRTOOLS_SCRIPT_ACTION") != "post-restore":
         return 0
-    with open(approved_path) as f:
-        approved = json.load(f)
-    why = unapproved(int(os.environ["CRTOOLS_INIT_PID"]), {(d, i) for d, i in approved["inodes"]},
-                     set(approved["proc_paths"]), {int(p): fds for p, fds in approved["fds"].items()})
+    try:
+        with open(approved_path) as f:
+            approved = json.load(f)
+        why = unapproved(int(os.environ["CRTOOLS_INIT_PID"]), {(d, i) for d, i in approved["inodes"]},
+                         set(approved["proc_paths"]), {int(p): fds for p, fds in approved["fds"].items()})
+    except (OSError, ValueError, KeyError) as e:  # a tree that cannot be checked is not restored
+        why = f"The restored process could not be checked ({e}); it was ended before it ran."
     if why is None:
         return 0
     fd = os.open(Path(approved_path).with_name(REFUSED), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
