@@ -108,8 +108,10 @@ test.describe('suspend UI with the real server extension', () => {
       await button.click();
       await dialog.getByRole('button', { name: 'Suspend' }).click();
       await expect(status).toHaveAttribute('data-state', 'suspending');
+      // What is written and how far along; the server's estimate of the
+      // total is no size of the image, so it is not shown as one.
       await expect(status).toContainText(
-        /Suspending… writing image .* \/ .* \(\d+%\)/,
+        /Suspending… writing image [\d.]+ [KMG]?i?B \(\d+%\)/,
         { timeout: 60000 }
       );
       await expect(status.locator('.jp-gpucr-Status-bar')).toBeVisible();
@@ -129,13 +131,17 @@ test.describe('suspend UI with the real server extension', () => {
         timeout: 120000
       });
       await expect(status).toContainText(/^Suspended · 1\.\d GiB on disk/);
-      // (Size, engine and time are in it when the POST's answer arrives
-      // before the server's "suspended" event; not when the event comes first.)
+      // The notice waits for the new checkpoint: its size is the status bar's.
       await expect(
         page
           .locator('.Toastify__toast')
           .filter({ hasText: `${name} was suspended to disk` })
-      ).toContainText('Run a cell to bring it back.');
+      ).toContainText(
+        /\(1\.\d GiB, whole process\)\. Run a cell to bring it back\./
+      );
+      expect(
+        (await seenStatus(page)).filter(s => / \/ /.test(s.label))
+      ).toEqual([]);
       const seen = await seenStatus(page);
       const suspending = seen.filter(s => s.state === 'suspending');
       // The bytes written grew while the image was written.
