@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from tornado.httpclient import HTTPClientError
@@ -10,6 +11,16 @@ from tornado.httpclient import HTTPClientError
 from .agent_servers import Served, kernel_processes, kill_leftovers
 from .conftest import criu_or_skip
 from .kernel_ws import execute
+
+SLOW_RELIST = """
+import asyncio
+from jupyter_gpucr.server.service import KernelSuspender
+_relist = KernelSuspender.relist_at_start
+async def _slow_relist(self):
+    await asyncio.sleep(3)
+    await _relist(self)
+KernelSuspender.relist_at_start = _slow_relist
+"""
 
 
 @pytest.fixture
@@ -69,11 +80,15 @@ async def test_stop_suspends_every_kernel_and_the_next_gateway_lists_it_again(ro
     assert "1 kernel(s) are on disk for the next start" in first.log.read_text()
     assert kernel_processes(kid) == []
 
-    second = Served("gateway", root, store)
+    slow_relist = tmp_path / "slow_relist.py"  # this test only: the listing takes 3 s
+    slow_relist.write_text(SLOW_RELIST)
+    second = Served("gateway", root, store, f"--config={slow_relist}")
     try:
         await second.wait_ready()
         # asked before the gateway has listed it again: answered once listed, not 404
+        asked = time.monotonic()
         assert (await second.request(f"api/kernels/{kid}"))["gpucr"]["state"] == "suspended"
+        assert time.monotonic() - asked > 1
         ws = await second.ws(kid)
         reply, out, _ = await execute(ws, "print(y)")
         assert (reply["content"]["status"], out.strip()) == ("ok", "42")
