@@ -18,8 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -27,37 +26,33 @@ import psutil
 
 from .._version import __version__
 from . import cuda, gpus, hugepages, pagefill
-from .checksums import DigestWhileWriting, digest_tree
-from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, at_work_in, drop_network_lock, drop_network_locks, dump_stats, explain_log
+from .checksums import DigestWhileWriting
+from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, drop_network_locks, dump_stats, explain_log
 from .errors import (
     BusyError,
     CheckpointDamagedError,
     EngineError,
     GPUCRError,
     IncompatibleCheckpointError,
-    InvalidNameError,
     PreconditionError,
     PutBackError,
     StateError,
 )
-from .identity import ProcId
 from .images import read_image
-from .launcher import HolderRecord, Started, live_holders, start_holder
+from .launcher import Started, start_holder
 from .locks import exclusive
-from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, tree, tree_rss, wait_gone
-from .store import INTENT, MANIFEST, Checkpoint, Store, dir_size, fsync_trees, name_of_id, private_files, read_json
+from .privileges import check_privileges
+from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
+from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
+from .store import Checkpoint, Store, dir_size, fsync_trees, private_files
 
 Progress = Callable[[str, int, int], None]
 
 # A restore reads the whole image (CRIU restored ~2 GB/s here); the wait also ends as soon as the
 # holder exits, so a generous bound only matters for a hung CRIU.
 RESTORE_TIMEOUT = 3600.0
-# How long recovery waits for a CRIU that an interrupted operation left running, or for another
-# operation's lock on the same name.
-RECOVER_WAIT = 600.0
 # How long a checkpoint waits for the memory of a lazy restore of the same process to be all in.
 PAGES_WAIT = 300.0
-PAGES = ".pages"  # in the process's folder: how far the holder's lazy-pages daemon is
 # How long a suspended process keeps CRIU's network lock: its TCP peers' packets are dropped, not
 # answered with a reset, so a peer retransmits until the restore. Linux gives up retransmitting
 # after about 15 min (tcp_retries2), and a host holds at most 1024 locks (criu.NETWORK_LOCKS_MAX).
@@ -89,22 +84,6 @@ class Running:
     started: Started | None
     record: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """What recovery found for one name and what it did: ``outcome`` is "running" (the process
-    runs, ``pid`` is its host PID), "suspended" (``checkpoint_id`` is complete and restorable)
-    or "lost" (``message`` says why)."""
-
-    name: str
-    outcome: str
-    checkpoint_id: str | None
-    pid: int | None
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Checkpointer:
@@ -140,6 +119,30 @@ class Checkpointer:
         if self._criu is None:
             self._criu = Criu(self.criu_path)
         return self._criu
+
+    def unavailable_reason(self) -> str | None:
+        """None when this process can checkpoint (CRIU found; root or CRIU's capabilities); else why not."""
+        try:
+            self.criu  # noqa: B018  # finding the binary is the check
+        except GPUCRError as e:
+            return e.message
+        if os.geteuid() != 0:
+            check = check_privileges()
+            if not check.ok:
+                return f"no checkpoint privileges ({check.detail})"
+        return None
+
+    @property
+    def recovery(self) -> CrashRecovery:
+        return CrashRecovery(self.store, self.keep_last, self.max_bytes)
+
+    def recover_all(self, wait_s: float = RECOVER_WAIT) -> dict[str, Recovery]:
+        """See :meth:`CrashRecovery.recover_all`."""
+        return self.recovery.recover_all(wait_s)
+
+    def recover(self, name: str, wait_s: float = RECOVER_WAIT, lock_wait_s: float = 10.0) -> Recovery:
+        """See :meth:`CrashRecovery.recover`."""
+        return self.recovery.recover(name, wait_s, lock_wait_s)
 
     # -- start ---------------------------------------------------------------------------
     def run(self, name: str, command: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
@@ -212,7 +215,7 @@ class Checkpointer:
         name, rec = self.resolve(target)
         d = self.store.proc_dir(name)
         with exclusive(d, name, "checkpoint"):
-            self._settle_if_interrupted(name)
+            self.recovery.settle_if_interrupted(name)
             rec = self.store.read_proc(name)
             pid = rec.get("pid")
             if rec.get("state") != "running" or not is_alive(pid):
@@ -220,7 +223,7 @@ class Checkpointer:
                                  f"Restore it with 'gpucr restore {name}'." if rec.get("checkpoint") else "")
             lost = self._wait_for_pages(name)
             if lost is not None:
-                self._recover_locked(name)
+                self.recovery.recover_locked(name)
                 raise lost
             self.release_network_locks()  # each dump adds one; the host has room for 1024
             return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
@@ -301,7 +304,7 @@ class Checkpointer:
             raise self._put_back_from(tmp, name, rec, cuda_ns_pids, e, pid) from e
         rec = {**rec, "checkpoint": cid}
         if not leave_running:
-            _stop_for_good(pid)
+            stop_for_good(pid)
             rec.update(state="checkpointed", pid=None, suspended_at=time.time())
         self.store.write_proc(name, rec)
         self.store.apply_retention(name, self.keep_last, self.max_bytes)
@@ -351,7 +354,7 @@ class Checkpointer:
         if even that fails. The process CRIU left ``stopped`` cannot simply continue (its TCP
         connections stay in CRIU's repair mode), so it goes first. The error carries ``started``:
         whoever tracked the process (the server's provisioner) must adopt the restored one."""
-        _stop_for_good(stopped)
+        stop_for_good(stopped)
         try:
             started = self._spawn_restore(name, tmp / "images", tmp)
             _continue(started)  # a tree frozen for its dump (the daemon's) comes back stopped; the driver needs it running
@@ -375,7 +378,7 @@ class Checkpointer:
         d = self.store.proc_dir(name)
         asked = time.perf_counter()
         with exclusive(d, name, "restore"):
-            self._settle_if_interrupted(name)
+            self.recovery.settle_if_interrupted(name)
             rec = self.store.read_proc(name)
             if rec.get("state") == "running" and is_alive(rec.get("pid")):
                 raise StateError(f"{name!r} is already running as PID {rec['pid']}.",
@@ -573,7 +576,7 @@ class Checkpointer:
         return self._pages_lost(name, report)
 
     def _pages(self, name: str) -> dict[str, Any]:
-        return read_json(self.store.proc_dir(name) / PAGES) or {}
+        return read_pages(self.store, name)
 
     @staticmethod
     def _pages_lost(name: str, report: dict[str, Any]) -> EngineError | None:
@@ -597,234 +600,6 @@ class Checkpointer:
             os.kill(started.pid, signal.SIGKILL)
             e.message += " The restored process was stopped; the checkpoint is kept."
             raise
-
-    # -- recovery ------------------------------------------------------------------------
-    def recover_all(self, wait_s: float = RECOVER_WAIT) -> dict[str, Recovery]:
-        """Recover every name of the store (see :meth:`recover`); run it at start, while nothing
-        else works on the store. Names another live operation holds right now are left to it."""
-        self.store.remove_leftover_deletions()
-        names = set(self.store.proc_names()) | {n for n in (name_of_id(t.name) for t in self.store.tmp_dirs()) if n}
-        results = {}
-        for name in sorted(names):
-            try:
-                results[name] = self.recover(name, wait_s, lock_wait_s=0)
-            except (BusyError, InvalidNameError):
-                continue
-        return results
-
-    def recover(self, name: str, wait_s: float = RECOVER_WAIT, lock_wait_s: float = 10.0) -> Recovery:
-        """Make the record of ``name`` true again after a checkpoint or restore whose process died
-        (kill -9 included) at any point, so that the user has the running process or a complete
-        checkpoint: a live process is resumed (GPU state put back, stopped tasks continued, CRIU's
-        network lock dropped) and recorded as running; a finished dump is committed; an unfinished
-        one is removed. Idempotent. ``wait_s`` bounds the wait for a CRIU that the interrupted
-        operation left running; ``lock_wait_s`` the wait for a live operation on the same name."""
-        d = self.store.proc_dir(name)
-        with ExitStack() as stack:
-            self._lock_waiting(stack, d, name, lock_wait_s)
-            self._wait_for_criu(name, wait_s)
-            result = self._recover_locked(name)
-        if set(os.listdir(d)) <= {".lock", ".status"}:
-            self.store.remove_proc(name)  # only what recovery itself made: nothing of it remains
-        return result
-
-    @staticmethod
-    def _lock_waiting(stack: ExitStack, d: Path, name: str, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                stack.enter_context(exclusive(d, name, "recovery"))
-                return
-            except BusyError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def _settle_if_interrupted(self, name: str) -> None:
-        """Under the lock of a new operation: recover first if an earlier one was interrupted, so
-        that, say, a restore never starts a second copy of a process whose restore was cut short."""
-        rec = read_json(self.store.proc_dir(name) / "run.json") or {}
-        if (self.store.tmp_dirs(name) or rec.get("restoring")
-                or (rec.get("state") == "running" and not rec.get("adopted") and not is_alive(rec.get("pid")))):
-            self._wait_for_criu(name, RECOVER_WAIT)
-            self._recover_locked(name)
-
-    def _holders(self, name: str) -> list[HolderRecord]:
-        """The namespace holders started for ``name`` that still run, newest first: those whose PID
-        and start time were recorded when they started (see ``launcher``), never a process found
-        by its command line (anyone can show a holder's arguments in ``ps``)."""
-        return live_holders(self.store.proc_dir(name))
-
-    def _find_workload(self, name: str, rec: dict[str, Any]) -> int | None:
-        """Host PID of the live process of ``name``: the one a recorded holder runs under the
-        recorded PID in its namespace, or, for an adopted process never restored, the recorded
-        PID itself while it has the recorded start time."""
-        ns_pids = {rec.get("ns_pid"), (rec.get("restoring") or {}).get("ns_pid")} - {None}
-        for holder in self._holders(name):
-            if holder.workload is not None:  # a later process under its PID is not it
-                if holder.ns_pid in ns_pids and holder.workload.alive():
-                    return holder.workload.pid
-                continue
-            for ns_pid in ns_pids:  # its launcher died before recording it
-                pid = find_descendant_by_ns_pid(holder.holder.pid, cast(int, ns_pid))
-                found = ProcId.of(pid) if pid else None
-                if found is not None:
-                    replace(holder, ns_pid=ns_pid, workload=found).write()  # for the daemon's owner checks
-                    return found.pid
-        pid = rec.get("pid")
-        if rec.get("adopted") and is_alive(pid) and abs(psutil.Process(pid).create_time() - rec.get("created", 0)) < 1:
-            return pid
-        return None
-
-    def _wait_for_criu(self, name: str, wait_s: float) -> None:
-        """Wait while CRIU works on a checkpoint of ``name`` (a dump or restore whose caller died
-        goes on) or a restore holder of it has not produced the process yet."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            busy = self._in_flight(name)
-            if not busy:
-                return
-            if time.monotonic() > deadline:
-                raise BusyError(f"{busy} for {name!r} after {wait_s:.0f} s.", "Wait for it to end, then run recovery again.")
-            time.sleep(0.05)
-
-    def _in_flight(self, name: str) -> str | None:
-        """What still works on ``name``, by the records only: a recorded CRIU dump that runs, or a
-        recorded restore holder that has not reported its process yet or whose page daemon is
-        still bringing the memory back."""
-        pids = at_work_in(self.store.tmp_dirs(name))
-        if pids:
-            return f"CRIU (PID {pids[0]}) is still working"
-        status = self.store.proc_dir(name) / ".status"
-        for holder in self._holders(name):
-            if holder.mode != "restore":
-                continue
-            if holder.ns_pid is None and not status.exists():
-                return f"A restore (holder PID {holder.holder.pid}) is still starting"
-            if self._pages(name).get("pages") == "lazy":
-                return f"A restore (holder PID {holder.holder.pid}) is still bringing the memory back"
-        return None
-
-    def _recover_locked(self, name: str) -> Recovery:
-        rec = read_json(self.store.procs_root / name / "run.json") or {}
-        pid = self._find_workload(name, rec)
-        held = bool(pid) and self._dumped_to_stop(name)  # dumped, stopped until its checkpoint is durable
-        notes = self._resume(name, rec, pid) if pid and not held else []
-        committed = []
-        for tmp in self.store.tmp_dirs(name):
-            ckpt, note = self._settle_tmp(tmp)
-            notes.append(note)
-            if ckpt:
-                committed.append(ckpt.id)
-        if held and committed:  # the checkpoint is complete now: finish the suspend
-            _stop_for_good(cast(int, pid))
-            pid = None
-        if committed:
-            self.store.apply_retention(name, self.keep_last, self.max_bytes)
-        if pid:
-            return self._record_running(name, rec, pid, notes)
-        try:
-            latest = self.store.latest(name)
-        except CheckpointDamagedError as e:
-            self._write_if_changed(name, rec, {**self._without_op(rec), "state": "checkpointed", "pid": None})
-            return Recovery(name, "suspended", None, None, " ".join([*notes, e.message, e.hint]))
-        if latest:
-            return self._record_suspended(name, rec, latest, committed, notes)
-        return self._record_lost(name, rec, notes)
-
-    def _dumped_to_stop(self, name: str) -> bool:
-        """Whether a finished dump of ``name`` was to stop the process (not --leave-running)."""
-        return any(self.store.completable(t) and not (read_json(t / INTENT) or {}).get("leave_running")
-                   for t in self.store.tmp_dirs(name))
-
-    def _resume(self, name: str, rec: dict[str, Any], pid: int) -> list[str]:
-        """Make a live process run normally whatever point its suspend or restore reached."""
-        notes = []
-        for p in tree(pid):  # first, as a restore does: the driver restores a running process
-            try:
-                if psutil.Process(p).status() == psutil.STATUS_STOPPED:
-                    os.kill(p, signal.SIGCONT)
-                    notes.append(f"Continued its stopped task {p}.")
-            except (psutil.Error, OSError):
-                continue
-        problems = cuda.put_back(tree(pid), (rec.get("restoring") or {}).get("gpu_map") or None)
-        if problems:
-            notes.append(f"Putting its GPU state back failed: {'; '.join(problems)}; check it with nvidia-smi.")
-        restoring = (rec.get("restoring") or {}).get("checkpoint")
-        image_dirs = [t / "images" for t in self.store.tmp_dirs(name)]
-        image_dirs += [self.store.checkpoints_root / restoring / "images"] if restoring else []
-        for images in image_dirs:
-            table = drop_network_lock(images)
-            if table:
-                notes.append(f"Removed CRIU's network lock {table}.")
-        return notes
-
-    def _settle_tmp(self, tmp: Path) -> tuple[Checkpoint | None, str]:
-        """Commit a temporary checkpoint whose dump finished; remove one whose dump did not."""
-        cid = tmp.name.removeprefix(".tmp-")
-        if at_work_in([tmp]):
-            return None, f"Left {tmp} alone: CRIU started working in it again."
-        manifest = read_json(tmp / MANIFEST)
-        if manifest is None and self.store.completable(tmp):
-            files = digest_tree(tmp / "images")
-            manifest = {**(read_json(tmp / INTENT) or {}), "created": (tmp / "dump.log").stat().st_mtime,
-                        "size": sum(f["size"] for f in files.values()), "files": files, "timings": {}, "recovered": True}
-        if manifest is None:
-            self.store.discard(tmp)
-            return None, "Removed an unfinished checkpoint (its dump had not completed)."
-        ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
-        return ckpt, f"Finished checkpoint {cid}, which an interrupted suspend had written completely."
-
-    @staticmethod
-    def _without_op(rec: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in rec.items() if k != "restoring"}
-
-    def _write_if_changed(self, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        if new != old:
-            self.store.write_proc(name, new)
-
-    def _latest_id(self, name: str) -> str | None:
-        try:
-            latest = self.store.latest(name)
-        except CheckpointDamagedError:
-            return None
-        return latest.id if latest else None
-
-    def _record_running(self, name: str, rec: dict[str, Any], pid: int, notes: list[str]) -> Recovery:
-        new = {**self._without_op(rec), "state": "running", "pid": pid, "ns_pid": innermost_pid(pid)}
-        restoring = rec.get("restoring")
-        if restoring:
-            new.update(restored_at=time.time(), restored_from=restoring["checkpoint"], gpu_map=restoring.get("gpu_map") or {})
-            notes.insert(0, f"Its restore from {restoring['checkpoint']} was interrupted after the process came back.")
-        elif rec.get("state") != "running" or rec.get("pid") != pid:
-            notes.insert(0, "The process survived an interrupted operation.")
-        self._write_if_changed(name, rec, new)
-        return Recovery(name, "running", self._latest_id(name), pid, " ".join([f"{name!r} runs as PID {pid}.", *notes]))
-
-    def _record_suspended(self, name: str, rec: dict[str, Any], latest: Checkpoint, committed: list[str],
-                          notes: list[str]) -> Recovery:
-        new = {**self._without_op(rec), "state": "checkpointed", "pid": None, "checkpoint": latest.id}
-        if not rec:
-            new.update(name=name, command=latest.manifest.get("command"), cwd=latest.manifest.get("cwd"), uid=os.getuid())
-        new.setdefault("suspended_at", latest.created)
-        if rec.get("state") == "running":
-            new["suspended_at"] = latest.created
-            if not committed:
-                notes.append(f"The process is gone; its checkpoint {latest.id} is kept.")
-        self._write_if_changed(name, rec, new)
-        return Recovery(name, "suspended", latest.id, None,
-                        " ".join([f"{name!r} is suspended in {latest.id}.", *notes, f"Restore it with 'gpucr restore {name}'."]))
-
-    def _record_lost(self, name: str, rec: dict[str, Any], notes: list[str]) -> Recovery:
-        if rec.get("state") == "lost":
-            reason = rec.get("lost_reason", "it was lost earlier")
-        else:
-            reason = "the process is gone and no checkpoint of it exists"
-        if rec:
-            self._write_if_changed(name, rec, {**self._without_op(rec), "state": "lost", "pid": None,
-                                               "lost_reason": reason, "lost_at": rec.get("lost_at", time.time())})
-        logs = f" Its logs are kept in {self.store.procs_root / name}." if rec else ""
-        return Recovery(name, "lost", None, None, " ".join([f"{name!r} is lost: {reason}.", *notes]) + logs)
 
     # -- listing and removal -------------------------------------------------------------
     @staticmethod
@@ -897,20 +672,6 @@ def _port_holders(images: Path, line: str) -> str:
             who = f"PID {c.pid}"
         said.append(f" Port {c.laddr.port} ({c.laddr.ip}), which the process had bound, is now held by {who}.")
     return "".join(sorted(set(said)))
-
-
-def _stop_for_good(pid: int) -> None:
-    """End a process tree that a dump left stopped (as CRIU would have at the end of the dump)."""
-    try:
-        pids = tree(pid)
-    except psutil.Error:
-        return
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    wait_gone(pid, 10)
 
 
 class _ChangedWhileFilled(Exception):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Collection
 
@@ -79,6 +80,20 @@ def wait_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return not is_alive(pid)
+
+
+def stop_for_good(pid: int) -> None:
+    """End a process tree that a dump left stopped (as CRIU would have at the end of the dump)."""
+    try:
+        pids = tree(pid)
+    except psutil.Error:
+        return
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    wait_gone(pid, 10)
 
 
 def namespace_init_of(pid: int) -> int | None:
