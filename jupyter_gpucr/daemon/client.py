@@ -1,8 +1,7 @@
 """Client side: a checkpointer whose privileged work the gpucr daemon does.
 
-:class:`DaemonCheckpointer` offers the verbs the server's criu engine and provisioner use from a
-core ``Checkpointer`` (run, checkpoint, restore, recover_all, remove, store), so the server swaps it
-in where it would build a local one. The images stay in the daemon's root-only store; the user's own
+:class:`DaemonCheckpointer` implements :class:`~jupyter_gpucr.core.backend.CheckpointBackend` as
+the core ``Checkpointer`` does, so the server swaps it in where it would build a local one. The images stay in the daemon's root-only store; the user's own
 store (``store``) mirrors each daemon checkpoint as a manifest without images, so that listing,
 the trash and relisting after a server restart work on it unchanged. Deleting a mirrored checkpoint
 (directly, by retention, or when its trash entry is purged) deletes the images in the daemon too.
@@ -20,9 +19,10 @@ from typing import Any
 
 import psutil
 
-from ..core.checkpointer import Recovery, Running
+from ..core.checkpointer import Running
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.launcher import Started
+from ..core.recovery import RECOVER_WAIT, Recovery
 from ..core.store import MANIFEST, Checkpoint, Store, fsync_trees, make_private_dir, read_json, write_json_atomic
 from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
 
@@ -37,12 +37,15 @@ def _no_progress(phase: str, done: int, total: int) -> None:
 
 
 class DaemonClient:
-    """One request per connection; progress lines go to ``progress``."""
+    """One request per connection; progress lines go to ``progress``, and the daemon's question
+    during a checkpoint (``{"before_dump": true}``, see ``protocol``) to ``before_dump``, whose
+    outcome is the answer."""
 
     def __init__(self, socket_path: str | Path = DEFAULT_SOCKET) -> None:
         self.socket_path = str(socket_path)
 
-    def call(self, op: str, progress: Progress = _no_progress, timeout: float | None = None, **args: Any) -> Any:
+    def call(self, op: str, progress: Progress = _no_progress, timeout: float | None = None,
+             before_dump: Callable[[], None] | None = None, **args: Any) -> Any:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(CONNECT_TIMEOUT)
@@ -65,6 +68,9 @@ class DaemonClient:
                     if "progress" in msg:
                         progress(*msg["progress"])
                         continue
+                    if "before_dump" in msg:
+                        sock.sendall(encode(_outcome(before_dump)))
+                        continue
                     if msg.get("ok"):
                         return msg.get("result")
                     raise error_from(msg.get("error") or {})
@@ -80,6 +86,19 @@ class DaemonClient:
         except GPUCRError as e:
             return e.message
         return None
+
+
+def _outcome(step: Callable[[], None] | None) -> dict[str, Any]:
+    """Run ``step``; the reply that says how it went."""
+    if step is None:
+        return {"ok": False, "error": EngineError("This client has nothing to run before the dump.").to_dict()}
+    try:
+        step()
+    except GPUCRError as e:
+        return {"ok": False, "error": e.to_dict()}
+    except Exception as e:  # noqa: BLE001 - the daemon must hear of it to put the process back
+        return {"ok": False, "error": EngineError(f"Getting ready for the dump failed: {e}").to_dict()}
+    return {"ok": True}
 
 
 class RemoteHolder:
@@ -167,7 +186,7 @@ def _remove_in_daemon(client: DaemonClient, cid: str) -> None:
 
 
 class DaemonCheckpointer:
-    """The verbs of a core ``Checkpointer`` the server uses, done by the gpucr daemon."""
+    """A ``CheckpointBackend`` whose privileged work the gpucr daemon does."""
 
     def __init__(self, store: Store | str | Path | None, socket_path: str | Path = DEFAULT_SOCKET, keep_last: int = 1,
                  max_bytes: int | None = None) -> None:
@@ -190,11 +209,27 @@ class DaemonCheckpointer:
     def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
                    before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = ()) -> Checkpoint:
-        if before_dump is not None:  # the daemon's driver checkpoint and dump are one request
-            before_dump()
+        """See ``Checkpointer.checkpoint``: the daemon asks for ``before_dump`` once the GPU is free,
+        before CRIU freezes the process. What ``before_dump`` raises is raised here (the daemon
+        left the process running)."""
         fsync_trees(also_durable)  # on disk before the daemon's dump ends the process
-        result = self.client.call("checkpoint", progress, name=target, leave_running=leave_running, reason=reason,
-                                  extra=extra or {})
+        failed: list[BaseException] = []
+
+        def ready() -> None:
+            try:
+                if before_dump is not None:  # never asked for then
+                    before_dump()
+            except BaseException as e:
+                failed.append(e)
+                raise
+
+        try:
+            result = self.client.call("checkpoint", progress, before_dump=ready, name=target, leave_running=leave_running,
+                                      reason=reason, extra=extra or {}, ask_before_dump=before_dump is not None)
+        except GPUCRError as e:
+            if failed and not isinstance(failed[0], GPUCRError):
+                raise failed[0] from e
+            raise
         ckpt = self.store.mirror(result["id"], result["manifest"])
         self.store.write_proc(target, result["record"])
         for cid in set(self.store.checkpoint_ids(target)) - set(result["kept"]):
@@ -213,7 +248,7 @@ class DaemonCheckpointer:
         """See ``Checkpointer.await_pages``; the daemon waits."""
         self.client.call("await_pages", name=name)
 
-    def recover_all(self, wait_s: float = 600.0) -> dict[str, Recovery]:
+    def recover_all(self, wait_s: float = RECOVER_WAIT) -> dict[str, Recovery]:
         """Recovery runs in the daemon; then this store mirrors what the daemon has (a server killed
         after a suspend but before writing its mirror loses nothing)."""
         result = self.client.call("recover_all")

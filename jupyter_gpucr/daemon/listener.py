@@ -38,13 +38,13 @@ FREE_BYTES = 64 << 10
 LARGE_BUDGET = 64 << 20
 #: How long one write of an answer may wait for the client to read.
 SEND_TIMEOUT = 60.0
+#: The longest line a client sends in reply to a question of the daemon (``Connection.ask``).
+MAX_REPLY = 64 << 10
 #: How often, at most, refusals of one uid are logged (the rest are counted).
 LOG_EVERY = 10.0
 _CHUNK = 64 << 10
 
 Credentials = tuple[int, int, int]  # pid, uid, gid
-Send = Callable[[Any], bool]
-Handler = Callable[[Credentials, dict[str, Any], Send], None]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Limits:
 
 class Listener:
     """Accepts connections on a Unix socket and hands each whole request to ``handler`` in its own
-    thread, with a ``send`` for its answer lines."""
+    thread, with the ``Connection`` for its answer lines."""
 
     def __init__(self, path: Path, handler: Handler, limits: Limits = Limits()) -> None:
         self.path, self.handler, self.limits = path, handler, limits
@@ -144,7 +144,7 @@ class Listener:
                 _send_once(conn, e)
                 return
             del line
-            self.handler(creds, msg, _Sender(conn).send)
+            self.handler(creds, msg, Connection(conn))
         except Exception:  # noqa: BLE001 - one connection's failure never stops the daemon
             log.exception("uid %d: the connection failed", uid)
         finally:
@@ -194,7 +194,7 @@ class Listener:
             raise
 
 
-class _Sender:
+class Connection:
     """Writes answer lines; once one could not be written (the client is gone or does not read),
     the rest are dropped: the operation still finishes."""
 
@@ -214,6 +214,30 @@ class _Sender:
             except OSError:
                 self.dead = True
                 return False
+
+    def ask(self, obj: Any, timeout: float) -> dict[str, Any] | None:
+        """Send ``obj`` and wait up to ``timeout`` for the client's one-line reply; None when the
+        client is gone, does not answer in time or answers with more than ``MAX_REPLY`` bytes."""
+        if not self.send(obj):
+            return None
+        deadline = time.monotonic() + timeout
+        line = b""
+        try:
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or len(line) > MAX_REPLY:
+                    return None
+                self.conn.settimeout(left)
+                chunk = self.conn.recv(MAX_REPLY)
+                if not chunk:
+                    return None
+                line += chunk
+            return parse(line)
+        except (OSError, GPUCRError):
+            return None
+
+
+Handler = Callable[[Credentials, dict[str, Any], Connection], None]
 
 
 class _Budget:

@@ -4,6 +4,10 @@ A request is ``{"op": VERB, "args": {...}}``. The daemon answers with any number
 ``{"progress": [phase, done, total]}`` and then one final line, ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": {"error": CLASS, "message": ..., "hint": ...}}``. Who asks is never part of
 the request: the daemon reads it from the socket (SO_PEERCRED).
+
+A checkpoint asked with ``"ask_before_dump": true`` has one more exchange: once the GPU is free,
+before CRIU freezes the process, the daemon sends ``{"before_dump": true}`` and waits for the
+client's line, ``{"ok": true}`` to go on or an error line as above to put the process back.
 """
 from __future__ import annotations
 

@@ -39,9 +39,9 @@ from ..core.procs import is_alive, tree, wait_gone
 from ..core.store import Store, make_private_dir, write_json_atomic
 from .caller import caller_of, cgroup_of, move_tree
 from .guard import Owner, RestoreGuard, deleted_files
-from .listener import Credentials, Limits, Listener, Send
+from .listener import Connection, Credentials, Limits, Listener
 from .ownership import check_credentials, freeze_checked, launched
-from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, printable
+from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, error_from, printable
 from .quotas import Quotas, QuotaSettings, mib, parse_size
 
 log = logging.getLogger("gpucr-daemon")
@@ -51,6 +51,9 @@ CRIU_AS_OWNER = Path(__file__).with_name("criu_as_owner.py")
 #: applied only after the privileges are dropped (dropexec).
 ROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 Progress = Callable[[str, int, int], None]
+#: How long a checkpoint asked with ``ask_before_dump`` waits, the GPU freed, for the client to get
+#: the process ready to be frozen (a Jupyter server closes its connections to the kernel).
+BEFORE_DUMP_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,16 @@ class Daemon:
         return Checkpointer(store, criu_path=self.criu_path, keep_last=self.keep_last,
                             restore_check=RestoreGuard(Owner.of(peer.uid), store.root))
 
-    def dispatch(self, peer: Peer, op: str, args: dict[str, Any], progress: Progress) -> Any:
+    def dispatch(self, peer: Peer, op: str, args: dict[str, Any], progress: Progress,
+                 before_dump: Callable[[], None] | None = None) -> Any:
         if op not in VERBS:
             raise ProtocolError(f"Unknown request {op!r}.", f"The daemon knows: {', '.join(VERBS)}.")
         method = getattr(self, f"op_{op}")
         try:
             with self.quotas.around(op, peer.uid, args):
-                return method(peer, progress=progress, **args) if op in ("checkpoint", "restore") else method(peer, **args)
+                if op == "checkpoint":
+                    return method(peer, progress=progress, before_dump=before_dump, **args)
+                return method(peer, progress=progress, **args) if op == "restore" else method(peer, **args)
         except TypeError as e:
             raise ProtocolError(f"Bad arguments for {op!r}: {e}") from None
 
@@ -140,8 +146,12 @@ class Daemon:
         _await_dropped(running.pid, peer.uid)
         return self._adopt(peer, running)
 
-    def op_checkpoint(self, peer: Peer, name: str, progress: Progress, leave_running: bool = False, reason: str = "manual",
-                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def op_checkpoint(self, peer: Peer, name: str, progress: Progress, before_dump: Callable[[], None] | None,
+                      leave_running: bool = False, reason: str = "manual", extra: dict[str, Any] | None = None,
+                      ask_before_dump: bool = False) -> dict[str, Any]:
+        """With ``ask_before_dump``, once the GPU is free the daemon asks the client (``before_dump``)
+        and waits for its answer before CRIU freezes the process, as a local checkpoint calls its
+        ``before_dump``; a refusal or no answer leaves the process running."""
         cr = self.checkpointer(peer)
         rec = cr.store.read_proc(_name(name))
         if rec.get("state") == "running" and is_alive(rec.get("pid")):
@@ -154,7 +164,8 @@ class Daemon:
             # checked again once frozen: in between, a task could have run a set-user-ID program
             cr.criu.before_seize = functools.partial(_frozen_for_dump, holder, Owner.of(peer.uid), name)
         extra = {**(extra if isinstance(extra, dict) else {}), "owner": {"uid": peer.uid, "user": peer.user}}
-        ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress)
+        ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress,
+                             before_dump if ask_before_dump is True else None)
         return {"id": ckpt.id, "manifest": ckpt.manifest, "kept": cr.store.checkpoint_ids(name), "record": cr.store.read_proc(name)}
 
     def op_restore(self, peer: Peer, name: str, progress: Progress, checkpoint_id: str | None = None,
@@ -347,14 +358,23 @@ def _state(cr: Checkpointer) -> dict[str, Any]:
     return {"procs": procs, "checkpoints": [{"id": c.id, "manifest": c.manifest} for c in cr.store.list_checkpoints()]}
 
 
-def answer(daemon: Daemon, creds: Credentials, msg: dict[str, Any], send: Send) -> None:
+def answer(daemon: Daemon, creds: Credentials, msg: dict[str, Any], conn: Connection) -> None:
     """One request: dispatch it, log it, send its progress and its result. What the request names
     goes into the log escaped (``printable``): it comes from the user."""
     pid, uid, gid = creds
     peer = Peer(pid, uid, gid)
+    send = conn.send
 
     def progress(phase: str, done: int, total: int) -> None:
         send({"progress": [phase, done, total]})  # a client gone away: the operation still finishes
+
+    def before_dump() -> None:
+        reply = conn.ask({"before_dump": True}, BEFORE_DUMP_WAIT)
+        if reply is None:
+            raise StateError(f"The client did not get the process ready to be frozen within {BEFORE_DUMP_WAIT:.0f} s.",
+                             "Try again.")
+        if reply.get("ok") is not True:
+            raise error_from(reply.get("error") or {})
 
     op: Any = msg.get("op")
     args: Any = msg.get("args") or {}
@@ -362,7 +382,7 @@ def answer(daemon: Daemon, creds: Credentials, msg: dict[str, Any], send: Send) 
     try:
         if not isinstance(args, dict):
             raise ProtocolError("args must be a JSON object.")
-        result = daemon.dispatch(peer, str(op), args, progress)
+        result = daemon.dispatch(peer, str(op), args, progress, before_dump)
         log.info("uid %d (pid %d): %s %s: ok", uid, pid, printable(op), what)
         send({"ok": True, "result": result})
     except GPUCRError as e:

@@ -3,8 +3,8 @@ unprivileged server such as a JupyterHub user's, the gpucr daemon when its socke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from ..core.backend import CheckpointBackend
 from ..core.checkpointer import Checkpointer
 from ..core.privileges import check_privileges
 from ..core.store import Store
@@ -32,8 +32,8 @@ def choose_backend(config: GPUCR) -> Backend:
     return Backend("none", f"no checkpoint privileges ({privileges.detail}) and no daemon configured (c.GPUCR.daemon_socket)")
 
 
-def build_checkpointer(config: GPUCR, backend: Backend, store: Store, max_bytes: int) -> Any:
-    """A core Checkpointer, or one whose privileged work the daemon does (same verbs)."""
+def build_checkpointer(config: GPUCR, backend: Backend, store: Store, max_bytes: int) -> CheckpointBackend:
+    """A core Checkpointer, or one whose privileged work the daemon does."""
     if backend.kind == "daemon":
         return DaemonCheckpointer(store, config.daemon_socket, keep_last=config.keep_last, max_bytes=max_bytes)
     return Checkpointer(store, criu_path=config.criu_path or None, keep_last=config.keep_last, max_bytes=max_bytes,

@@ -1,8 +1,8 @@
 """The two ways a server kernel goes to disk, behind one interface.
 
-- :class:`CriuEngine`: the whole process (CRIU + the CUDA driver's checkpoint API), through the
-  core :class:`~jupyter_gpucr.core.checkpointer.Checkpointer`. Needs the gpucr provisioner and
-  checkpoint privileges.
+- :class:`CriuEngine`: the whole process (CRIU + the CUDA driver's checkpoint API), through a
+  :class:`~jupyter_gpucr.core.backend.CheckpointBackend` (this server's own checkpointer or the
+  gpucr daemon). Needs the gpucr provisioner and checkpoint privileges.
 - :class:`SnapshotEngine`: the kernel saves its own namespace (``gpucr_hooks``); restoring starts
   a fresh kernel under the same id and loads it. No privileges; reports what it could not keep.
 
@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core import pagecache
-from ..core.checkpointer import Checkpointer
+from ..core.backend import CheckpointBackend
 from ..core.checksums import digest_tree
-from ..core.errors import EngineError, GPUCRError, PreconditionError, PutBackError
-from ..core.privileges import check_privileges
+from ..core.errors import EngineError, PreconditionError, PutBackError
 from ..core.store import Checkpoint, dir_size
 from . import kernel_rpc
 from .backend import Backend
@@ -54,7 +53,7 @@ class SuspendEngine(ABC):
     #: How the UI and messages call it.
     label: str
 
-    def __init__(self, checkpointer: Checkpointer) -> None:
+    def __init__(self, checkpointer: CheckpointBackend) -> None:
         self.checkpointer = checkpointer
 
     @abstractmethod
@@ -82,7 +81,7 @@ class CriuEngine(SuspendEngine):
     name = "criu"
     label = "whole process"
 
-    def __init__(self, checkpointer: Checkpointer, backend: Backend) -> None:
+    def __init__(self, checkpointer: CheckpointBackend, backend: Backend) -> None:
         super().__init__(checkpointer)
         self.backend = backend
 
@@ -91,26 +90,15 @@ class CriuEngine(SuspendEngine):
             return self.backend.why
         if not isinstance(km.provisioner, GPUCRProvisioner):
             return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
-        daemon = getattr(self.checkpointer, "unavailable_reason", None)  # a DaemonCheckpointer: the daemon runs CRIU
-        if daemon is not None:
-            return daemon()
-        try:
-            self.checkpointer.criu  # noqa: B018  # finding the binary is the check
-        except GPUCRError as e:
-            return e.message
-        if os.geteuid() != 0:
-            check = check_privileges()
-            if not check.ok:
-                return f"no checkpoint privileges ({check.detail})"
-        return None
+        return self.checkpointer.unavailable_reason()
 
     async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
                       detach: Detach) -> Checkpoint:
         loop = asyncio.get_running_loop()
 
         def before_dump() -> None:
-            """The GPU is free by now: close the server's connections (and let their FINs go
-            out) before CRIU freezes the kernel."""
+            """The GPU is free by now (both backends call it then): close the server's connections
+            (and let their FINs go out) before CRIU freezes the kernel."""
             asyncio.run_coroutine_threadsafe(detach(), loop).result()
 
         try:  # the tensors the kernel wrote beside the image reach the disk while CRIU dumps
@@ -274,5 +262,6 @@ def choose_engine(engines: dict[str, SuspendEngine], km: Any, requested: str) ->
         return criu, "requested"
     if problem:
         return snapshot, f"whole-process engine unavailable: {problem}"
-    via = getattr(getattr(criu.checkpointer, "client", None), "socket_path", None)
-    return criu, f"whole process (CRIU + CUDA driver) through the gpucr daemon at {via}" if via else "whole process (CRIU + CUDA driver) available"
+    if isinstance(criu, CriuEngine) and criu.backend.kind == "daemon":
+        return criu, f"whole process (CRIU + CUDA driver) {criu.backend.why}"
+    return criu, "whole process (CRIU + CUDA driver) available"

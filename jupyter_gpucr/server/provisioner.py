@@ -18,6 +18,7 @@ from typing import Any
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 
+from ..core.backend import CheckpointBackend
 from ..core.checkpointer import Checkpointer
 from ..core.launcher import ExitedAtStart, Started
 from ..core.procs import is_alive, namespace_init
@@ -37,7 +38,7 @@ class GPUCRProvisioner(LocalProvisioner):
     _standalone: Checkpointer | None = None
 
     @property
-    def checkpointer(self) -> Checkpointer:
+    def checkpointer(self) -> CheckpointBackend:
         """The server's (through the mapping kernel manager), or the default store's when a
         plain jupyter_client program uses this provisioner (``gpucr checkpoint KERNEL_ID`` then works)."""
         service = getattr(getattr(self.parent, "parent", None), "suspender", None)

@@ -21,7 +21,7 @@ import psutil
 from jupyter_core.utils import ensure_async
 
 from ..core import gpus, pagecache
-from ..core.checkpointer import Checkpointer
+from ..core.backend import CheckpointBackend
 from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFoundError, StateError
 from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store, read_json, write_json_atomic
@@ -75,8 +75,8 @@ class KernelSuspender:
         self.lifecycle = lifecycle
         store = Store(config.store or None)
         self.backend = choose_backend(config)
-        self.checkpointer: Checkpointer = build_checkpointer(config, self.backend, store,
-                                                             config.max_store_bytes or _half_of_disk(store))
+        self.checkpointer: CheckpointBackend = build_checkpointer(config, self.backend, store,
+                                                                  config.max_store_bytes or _half_of_disk(store))
         self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer, self.backend),
                                                                        SnapshotEngine(self.checkpointer))}
         self._saved: dict[str, dict[str, Any]] = {}
