@@ -19,6 +19,8 @@ from typing import Any
 
 import requests
 
+from jupyter_gpucr.core.store import read_record
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 CLEAN_PATH = f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -114,8 +116,8 @@ class Daemon:
         """Stop the daemon, then the processes it started for the test's users (by their PIDs)."""
         self.proc.terminate()
         self.proc.wait(10)
-        for run in self.state.glob("users/*/procs/*/run.json"):
-            rec = json.loads(run.read_text())
+        for proc_dir in self.state.glob("users/*/procs/*"):
+            rec = read_record(proc_dir)
             if rec.get("state") == "running" and rec.get("pid"):
                 try:
                     init = int(Path(f"/proc/{rec['pid']}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -3,7 +3,6 @@ memory freed) and restored (same uid, same tensor checksum) through gpucr-daemon
 machine (marked gpu; scripts/gpu-run.sh), as root, which starts the daemon and creates the user."""
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpucr.core import cuda, gpus
+from jupyter_gpucr.core.store import read_record
 from tests import hub as H
 from tests.conftest import agent_command, ask, criu_or_skip, wait_for_line
 
@@ -59,7 +59,7 @@ def test_unprivileged_gpu_process_through_daemon(daemon: H.Daemon) -> None:
                     "out['pid'] = r.pid")
     hello = wait_for_line(daemon.user_store(uid) / "procs" / NAME / "stdout.log", timeout=180)
     before = ask(hello["port"])
-    pid = json.loads((daemon.user_store(uid) / "procs" / NAME / "run.json").read_text())["pid"]
+    pid = read_record(daemon.user_store(uid) / "procs" / NAME)["pid"]
     assert f"Uid:\t{uid}\t" in Path(f"/proc/{pid}/status").read_text()
     assert any(pid in g.processes for g in gpus.list_gpus()), "the worker holds GPU memory"
 

@@ -22,6 +22,7 @@ import pytest
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
+from jupyter_gpucr.core.store import read_record
 from tests import hub as H
 from tests.kernel_ws import collect, request, send
 
@@ -103,7 +104,7 @@ def test_alice_culled_and_back_bob_sees_nothing(world: tuple[H.Hub, H.Daemon]) -
     assert r.status_code == 201, r.text
     kernel_id = r.json()["kernel"]["id"]
     assert execute(hub, ALICE, kernel_id, SETUP) == "ready"
-    rec = json.loads((daemon.user_store(alice.pw_uid) / "procs" / kernel_id / "run.json").read_text())
+    rec = read_record(daemon.user_store(alice.pw_uid) / "procs" / kernel_id)
     assert rec["via"] == "daemon" and rec["state"] == "running"
     assert f"Uid:\t{alice.pw_uid}\t" in Path(f"/proc/{rec['pid']}/status").read_text()  # the kernel runs as alice
 

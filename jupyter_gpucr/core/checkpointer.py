@@ -44,7 +44,7 @@ from .locks import exclusive
 from .privileges import check_privileges
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
-from .store import Checkpoint, Store, dir_size, fsync_trees, private_files
+from .store import Checkpoint, Manifest, ProcRecord, Store, dir_size, fsync_trees, private_files
 
 Progress = Callable[[str, int, int], None]
 
@@ -82,7 +82,7 @@ class Running:
     pid: int
     ns_pid: int
     started: Started | None
-    record: dict[str, Any]
+    record: ProcRecord
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -160,7 +160,7 @@ class Checkpointer:
                 d / ".status", env=env, detach=detach, log_path=d / "holder.log",
             )
             assert started is not None  # run mode reports failure by exiting
-            record = {
+            record: ProcRecord = {
                 "name": name, "command": command, "cwd": cwd or os.getcwd(), "created": time.time(),
                 "state": "running", "pid": started.pid, "ns_pid": started.ns_pid, "checkpoint": None,
                 "uid": os.getuid(), "user": getpass.getuser(),
@@ -178,7 +178,7 @@ class Checkpointer:
                              f"Checkpoint it first ('gpucr checkpoint {name}') or pick another name.")
 
     # -- resolve -------------------------------------------------------------------------
-    def resolve(self, target: str | int) -> tuple[str, dict[str, Any]]:
+    def resolve(self, target: str | int) -> tuple[str, ProcRecord]:
         """A name, or the host PID of a gpucr process, or of any process (adopted as pid-N)."""
         text = str(target)
         if not (text.isascii() and text.isdigit()):
@@ -192,11 +192,11 @@ class Checkpointer:
             raise StateError(f"No process with PID {pid} is running.", "Run 'gpucr ls' to see what gpucr manages.")
         proc = psutil.Process(pid)
         name = f"pid-{pid}"
-        rec = {"name": name, "command": proc.cmdline(), "cwd": proc.cwd(), "created": proc.create_time(),
-               "state": "running", "pid": pid, "ns_pid": innermost_pid(pid), "checkpoint": None,
-               "uid": os.getuid(), "user": getpass.getuser(), "adopted": True}
-        self.store.write_proc(name, rec)
-        return name, rec
+        adopted: ProcRecord = {"name": name, "command": proc.cmdline(), "cwd": proc.cwd(), "created": proc.create_time(),
+                               "state": "running", "pid": pid, "ns_pid": innermost_pid(pid), "checkpoint": None,
+                               "uid": os.getuid(), "user": getpass.getuser(), "adopted": True}
+        self.store.write_proc(name, adopted)
+        return name, adopted
 
     # -- checkpoint ----------------------------------------------------------------------
     def checkpoint(self, target: str | int, leave_running: bool = False, reason: str = "manual",
@@ -229,7 +229,7 @@ class Checkpointer:
             return self._checkpoint_locked(name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
                                            before_dump, list(also_durable))
 
-    def _checkpoint_locked(self, name: str, rec: dict[str, Any], pid: int, leave_running: bool, reason: str,
+    def _checkpoint_locked(self, name: str, rec: ProcRecord, pid: int, leave_running: bool, reason: str,
                            extra: dict[str, Any], progress: Progress,
                            before_dump: Callable[[], None] | None, also_durable: list[Path]) -> Checkpoint:
         t0 = time.perf_counter()
@@ -294,8 +294,8 @@ class Checkpointer:
                 flushing.result()
                 timings["flush_wait"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
-            manifest = {**intent, "created": time.time(), "size": sum(int(f["size"]) for f in files.values()),
-                        "files": files, "timings": timings}
+            manifest: Manifest = {**intent, "created": time.time(), "size": sum(int(f["size"]) for f in files.values()),
+                                  "files": files, "timings": timings}
             ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
         except BaseException as e:
             if leave_running:
@@ -305,7 +305,7 @@ class Checkpointer:
         rec = {**rec, "checkpoint": cid}
         if not leave_running:
             stop_for_good(pid)
-            rec.update(state="checkpointed", pid=None, suspended_at=time.time())
+            rec.update({"state": "checkpointed", "pid": None, "suspended_at": time.time()})
         self.store.write_proc(name, rec)
         self.store.apply_retention(name, self.keep_last, self.max_bytes)
         progress("done", estimate, estimate)
@@ -326,10 +326,10 @@ class Checkpointer:
                 f"Not enough host memory to stage {gpu_bytes >> 20} MiB of GPU memory ({avail >> 20} MiB available). "
                 "The process was left running.", "Free host memory and try again.")
 
-    def _intent(self, name: str, rec: dict[str, Any], pid: int, ns_pid: int, cuda_ns_pids: list[int], used: list[dict[str, Any]],
-                machine_gpus: list[gpus.Gpu], reason: str, leave_running: bool, extra: dict[str, Any]) -> dict[str, Any]:
+    def _intent(self, name: str, rec: ProcRecord, pid: int, ns_pid: int, cuda_ns_pids: list[int], used: list[dict[str, Any]],
+                machine_gpus: list[gpus.Gpu], reason: str, leave_running: bool, extra: dict[str, Any]) -> Manifest:
         """Everything the manifest holds that is known before the dump (all but files, size, timings)."""
-        return {
+        return cast(Manifest, {
             **extra,
             "name": name, "started": time.time(), "reason": reason, "engine": "criu",
             "pid": pid, "ns_pid": ns_pid,
@@ -345,9 +345,9 @@ class Checkpointer:
             "host": {"hostname": platform.node(), "kernel": platform.release(), "python": platform.python_version(),
                      "uid": os.getuid(), "user": getpass.getuser()},
             "gpucr_version": __version__,
-        }
+        })
 
-    def _put_back_from(self, tmp: Path, name: str, rec: dict[str, Any], cuda_ns_pids: list[int],
+    def _put_back_from(self, tmp: Path, name: str, rec: ProcRecord, cuda_ns_pids: list[int],
                        cause: BaseException, stopped: int) -> GPUCRError:
         """The dump finished but the checkpoint could not be committed: restore from the
         temporary images (GPU state onto the same GPUs) so the process is not lost; keep the images
@@ -398,7 +398,7 @@ class Checkpointer:
             running.timings["total"] += t0 - asked
             return running
 
-    def _restore_locked(self, name: str, rec: dict[str, Any], ckpt: Checkpoint, gpu: str | int | None,
+    def _restore_locked(self, name: str, rec: ProcRecord, ckpt: Checkpoint, gpu: str | int | None,
                         progress: Progress, detach: bool, beside: Mapping[str, int],
                         run_while_filled: bool = True) -> Running:
         t0 = time.perf_counter()
@@ -603,7 +603,7 @@ class Checkpointer:
 
     # -- listing and removal -------------------------------------------------------------
     @staticmethod
-    def _state(rec: dict[str, Any]) -> str:
+    def _state(rec: ProcRecord) -> str:
         if rec.get("state") == "running" and not is_alive(rec.get("pid")):
             return "exited"
         return rec.get("state", "unknown")
@@ -625,7 +625,7 @@ class Checkpointer:
 
     def remove(self, target: str, kill: bool = False) -> builtins.list[str]:
         """Remove a checkpoint id, or a name with all its checkpoints (a running one only with ``kill``)."""
-        if not (self.store.procs_root / target / "run.json").exists() and (self.store.checkpoints_root / target).exists():
+        if not self.store.has_proc(target) and (self.store.checkpoints_root / target).exists():
             self.store.delete(target)
             return [target]
         name, rec = target, self.store.read_proc(target)
@@ -637,8 +637,9 @@ class Checkpointer:
                                      "Checkpoint it first, or pass --kill to stop it and remove everything.")
                 # the namespace's init: the tree's children go with it (the root alone would leave
                 # them to the init, which then lives on)
-                os.kill(namespace_init_of(rec["pid"]) or rec["pid"], signal.SIGKILL)
-                wait_gone(rec["pid"], 10)
+                pid = cast(int, rec["pid"])
+                os.kill(namespace_init_of(pid) or pid, signal.SIGKILL)
+                wait_gone(pid, 10)
             removed = self.store.checkpoint_ids(name)  # damaged ones too: the user asked for all of it
             for cid in removed:
                 self.store.delete(cid)

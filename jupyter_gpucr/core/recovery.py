@@ -26,7 +26,7 @@ from .identity import ProcId
 from .launcher import HolderRecord, live_holders
 from .locks import exclusive
 from .procs import find_descendant_by_ns_pid, innermost_pid, is_alive, stop_for_good, tree
-from .store import INTENT, MANIFEST, Checkpoint, Store, name_of_id, read_json
+from .store import INTENT, MANIFEST, Checkpoint, Manifest, ProcRecord, Store, name_of_id, read_json, read_record
 
 # How long recovery waits for a CRIU that an interrupted operation left running, or for another
 # operation's lock on the same name.
@@ -93,7 +93,7 @@ class CrashRecovery:
     def settle_if_interrupted(self, name: str) -> None:
         """Under the lock of a new operation: recover first if an earlier one was interrupted, so
         that, say, a restore never starts a second copy of a process whose restore was cut short."""
-        rec = read_json(self.store.proc_dir(name) / "run.json") or {}
+        rec = read_record(self.store.proc_dir(name))
         if (self.store.tmp_dirs(name) or rec.get("restoring")
                 or (rec.get("state") == "running" and not rec.get("adopted") and not is_alive(rec.get("pid")))):
             self._wait_for_criu(name, RECOVER_WAIT)
@@ -101,7 +101,7 @@ class CrashRecovery:
 
     def recover_locked(self, name: str) -> Recovery:
         """:meth:`recover` for a caller that holds the lock of ``name`` and knows CRIU is done."""
-        rec = read_json(self.store.procs_root / name / "run.json") or {}
+        rec = read_record(self.store.procs_root / name)
         pid = self._find_workload(name, rec)
         held = bool(pid) and self._dumped_to_stop(name)  # dumped, stopped until its checkpoint is durable
         notes = self._resume(name, rec, pid) if pid and not held else []
@@ -134,7 +134,7 @@ class CrashRecovery:
         by its command line (anyone can show a holder's arguments in ``ps``)."""
         return live_holders(self.store.proc_dir(name))
 
-    def _find_workload(self, name: str, rec: dict[str, Any]) -> int | None:
+    def _find_workload(self, name: str, rec: ProcRecord) -> int | None:
         """Host PID of the live process of ``name``: the one a recorded holder runs under the
         recorded PID in its namespace, or, for an adopted process never restored, the recorded
         PID itself while it has the recorded start time."""
@@ -151,7 +151,7 @@ class CrashRecovery:
                     replace(holder, ns_pid=ns_pid, workload=found).write()  # for the daemon's owner checks
                     return found.pid
         pid = rec.get("pid")
-        if rec.get("adopted") and is_alive(pid) and abs(psutil.Process(pid).create_time() - rec.get("created", 0)) < 1:
+        if rec.get("adopted") and is_alive(pid) and abs(psutil.Process(pid).create_time() - (rec.get("created") or 0)) < 1:
             return pid
         return None
 
@@ -190,7 +190,7 @@ class CrashRecovery:
         return any(self.store.completable(t) and not (read_json(t / INTENT) or {}).get("leave_running")
                    for t in self.store.tmp_dirs(name))
 
-    def _resume(self, name: str, rec: dict[str, Any], pid: int) -> list[str]:
+    def _resume(self, name: str, rec: ProcRecord, pid: int) -> list[str]:
         """Make a live process run normally whatever point its suspend or restore reached."""
         notes = []
         for p in tree(pid):  # first, as a restore does: the driver restores a running process
@@ -217,11 +217,12 @@ class CrashRecovery:
         cid = tmp.name.removeprefix(".tmp-")
         if at_work_in([tmp]):
             return None, f"Left {tmp} alone: CRIU started working in it again."
-        manifest = read_json(tmp / MANIFEST)
+        manifest = cast("Manifest | None", read_json(tmp / MANIFEST))
         if manifest is None and self.store.completable(tmp):
             files = digest_tree(tmp / "images")
-            manifest = {**(read_json(tmp / INTENT) or {}), "created": (tmp / "dump.log").stat().st_mtime,
-                        "size": sum(f["size"] for f in files.values()), "files": files, "timings": {}, "recovered": True}
+            manifest = cast(Manifest, {**(read_json(tmp / INTENT) or {}), "created": (tmp / "dump.log").stat().st_mtime,
+                                       "size": sum(f["size"] for f in files.values()), "files": files, "timings": {},
+                                       "recovered": True})
         if manifest is None:
             self.store.discard(tmp)
             return None, "Removed an unfinished checkpoint (its dump had not completed)."
@@ -229,7 +230,7 @@ class CrashRecovery:
         return ckpt, f"Finished checkpoint {cid}, which an interrupted suspend had written completely."
 
     # -- the record ----------------------------------------------------------------------
-    def _write_if_changed(self, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    def _write_if_changed(self, name: str, old: ProcRecord, new: ProcRecord) -> None:
         if new != old:
             self.store.write_proc(name, new)
 
@@ -240,22 +241,22 @@ class CrashRecovery:
             return None
         return latest.id if latest else None
 
-    def _record_running(self, name: str, rec: dict[str, Any], pid: int, notes: list[str]) -> Recovery:
-        new = {**_without_op(rec), "state": "running", "pid": pid, "ns_pid": innermost_pid(pid)}
+    def _record_running(self, name: str, rec: ProcRecord, pid: int, notes: list[str]) -> Recovery:
+        new: ProcRecord = {**_without_op(rec), "state": "running", "pid": pid, "ns_pid": innermost_pid(pid)}
         restoring = rec.get("restoring")
         if restoring:
-            new.update(restored_at=time.time(), restored_from=restoring["checkpoint"], gpu_map=restoring.get("gpu_map") or {})
+            new.update({"restored_at": time.time(), "restored_from": restoring["checkpoint"], "gpu_map": restoring.get("gpu_map") or {}})
             notes.insert(0, f"Its restore from {restoring['checkpoint']} was interrupted after the process came back.")
         elif rec.get("state") != "running" or rec.get("pid") != pid:
             notes.insert(0, "The process survived an interrupted operation.")
         self._write_if_changed(name, rec, new)
         return Recovery(name, "running", self._latest_id(name), pid, " ".join([f"{name!r} runs as PID {pid}.", *notes]))
 
-    def _record_suspended(self, name: str, rec: dict[str, Any], latest: Checkpoint, committed: list[str],
+    def _record_suspended(self, name: str, rec: ProcRecord, latest: Checkpoint, committed: list[str],
                           notes: list[str]) -> Recovery:
-        new = {**_without_op(rec), "state": "checkpointed", "pid": None, "checkpoint": latest.id}
+        new: ProcRecord = {**_without_op(rec), "state": "checkpointed", "pid": None, "checkpoint": latest.id}
         if not rec:
-            new.update(name=name, command=latest.manifest.get("command"), cwd=latest.manifest.get("cwd"), uid=os.getuid())
+            new.update({"name": name, "command": latest.manifest.get("command"), "cwd": latest.manifest.get("cwd"), "uid": os.getuid()})
         new.setdefault("suspended_at", latest.created)
         if rec.get("state") == "running":
             new["suspended_at"] = latest.created
@@ -265,7 +266,7 @@ class CrashRecovery:
         return Recovery(name, "suspended", latest.id, None,
                         " ".join([f"{name!r} is suspended in {latest.id}.", *notes, f"Restore it with 'gpucr restore {name}'."]))
 
-    def _record_lost(self, name: str, rec: dict[str, Any], notes: list[str]) -> Recovery:
+    def _record_lost(self, name: str, rec: ProcRecord, notes: list[str]) -> Recovery:
         if rec.get("state") == "lost":
             reason = rec.get("lost_reason", "it was lost earlier")
         else:
@@ -289,6 +290,8 @@ def _lock_waiting(stack: ExitStack, d: Path, name: str, wait_s: float) -> None:
             time.sleep(0.1)
 
 
-def _without_op(rec: dict[str, Any]) -> dict[str, Any]:
+def _without_op(rec: ProcRecord) -> ProcRecord:
     """The record without the operation in progress it names."""
-    return {k: v for k, v in rec.items() if k != "restoring"}
+    new = rec.copy()
+    new.pop("restoring", None)
+    return new

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from .checksums import find_mismatches
 from .criu import at_work_in, drop_network_lock, dump_finished
@@ -35,12 +35,87 @@ from .errors import CheckpointDamagedError, NotFoundError, StateError
 from .names import validate_name
 from .procs import is_alive
 
+PROC_RECORD = "run.json"
 MANIFEST = "manifest.json"
 INTENT = "intent.json"
 TRASH_INFO = "trash.json"
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("name", "created", "engine", "files")
 _ID_SUFFIX = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{6}$")
+
+
+class Restoring(TypedDict, total=False):
+    """A restore under way: in the process record from before CRIU reads the images until the
+    restored process is recorded as running, for recovery if the restoring process dies."""
+
+    checkpoint: str
+    ns_pid: int | None
+    gpu_map: dict[str, str]
+    since: float
+    by: int
+
+
+class ProcRecord(TypedDict, total=False):
+    """A process's record (``procs/NAME/run.json``): what was started, where it is now."""
+
+    name: str
+    command: list[str] | None
+    cwd: str | None
+    created: float | None
+    state: str  # "running", "checkpointed" or "lost"
+    pid: int | None
+    ns_pid: int | None
+    checkpoint: str | None  # the latest checkpoint's id
+    uid: int
+    user: str
+    adopted: bool  # a process gpucr did not start ('gpucr checkpoint PID')
+    via: str  # "daemon": started through the gpucr daemon
+    engine: str | None  # "snapshot": suspended by the server's snapshot engine
+    suspended_at: float
+    restored_at: float
+    restored_from: str
+    gpu_map: dict[str, str]
+    restoring: Restoring
+    lost_reason: str
+    lost_at: float
+
+
+class Manifest(TypedDict, total=False):
+    """A checkpoint's manifest (``manifest.json``; before the dump, the same less files, size and
+    timings is its intent). ``name``, ``created``, ``engine`` and ``files`` are required on disk
+    (``read_manifest``); a front end adds keys of its own (``kernel``, ``offload``, ``owner``)."""
+
+    id: str
+    format_version: int
+    name: str
+    created: float
+    engine: str  # "criu" or "snapshot"
+    files: dict[str, dict[str, Any]]  # relative path -> size and digest
+    size: int
+    timings: dict[str, float]
+    started: float
+    reason: str
+    pid: int
+    ns_pid: int
+    command: list[str] | None
+    cwd: str | None
+    leave_running: bool
+    recovered: bool  # committed by recovery after its writer died
+    criu: dict[str, Any]
+    gpu: dict[str, Any]  # used, all, cuda_ns_pids, driver versions
+    host: dict[str, Any]
+    gpucr_version: str
+    snapshot: dict[str, Any]
+    kernel: dict[str, Any]
+    engine_reason: str
+    offload: dict[str, Any]
+    owner: dict[str, Any]
+    daemon_images: str  # a mirror of a checkpoint whose images are in the gpucr daemon's store
+
+
+def read_record(proc_dir: Path) -> ProcRecord:
+    """The record in a process's folder; {} when it has none (or an unreadable one)."""
+    return cast(ProcRecord, read_json(proc_dir / PROC_RECORD) or {})
 
 
 def default_root() -> Path:
@@ -160,7 +235,7 @@ def _damaged(path: Path, problem: str) -> CheckpointDamagedError:
         f"('gpucr restore NAME --checkpoint ID'), or remove this one with 'gpucr rm {path.name}'.")
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path) -> Manifest:
     """The manifest of the checkpoint directory ``path``; CheckpointDamagedError (naming the file)
     when it is missing, unparseable or incomplete. The images stay wherever that happens."""
     file = path / MANIFEST
@@ -175,7 +250,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing or not isinstance(manifest.get("files"), dict):
         raise _damaged(path, f"its manifest {file} lacks {', '.join(missing) or 'a valid files list'}")
-    return manifest
+    return cast(Manifest, manifest)
 
 
 @dataclass(frozen=True)
@@ -184,7 +259,7 @@ class Checkpoint:
 
     id: str
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def name(self) -> str:
@@ -255,21 +330,25 @@ class Store:
         return shutil.disk_usage(make_private_dir(self.root)).free
 
     # -- processes ----------------------------------------------------------------------
-    def read_proc(self, name: str) -> dict[str, Any]:
-        path = self.procs_root / validate_name(name) / "run.json"
+    def read_proc(self, name: str) -> ProcRecord:
+        path = self.procs_root / validate_name(name) / PROC_RECORD
         try:
-            return json.loads(path.read_text())
+            return cast(ProcRecord, json.loads(path.read_text()))
         except FileNotFoundError:
             raise NotFoundError(
                 f"No process or checkpoint named {name!r} in {self.root}.",
                 "Run 'gpucr ls' to see the names, or start one with 'gpucr run --name NAME -- CMD'.",
             ) from None
 
-    def write_proc(self, name: str, record: dict[str, Any]) -> None:
-        write_json_atomic(self.proc_dir(name) / "run.json", record)
+    def write_proc(self, name: str, record: ProcRecord) -> None:
+        write_json_atomic(self.proc_dir(name) / PROC_RECORD, record)
+
+    def has_proc(self, name: str) -> bool:
+        """Whether ``name`` has a record (a bare checkpoint id has none)."""
+        return (self.procs_root / name / PROC_RECORD).exists()
 
     def proc_names(self) -> list[str]:
-        return sorted(p.name for p in self.procs_root.iterdir() if (p / "run.json").is_file())
+        return sorted(p.name for p in self.procs_root.iterdir() if (p / PROC_RECORD).is_file())
 
     def remove_proc(self, name: str) -> None:
         shutil.rmtree(self.procs_root / validate_name(name), ignore_errors=True)
@@ -284,7 +363,7 @@ class Store:
         return cid, tmp
 
     @staticmethod
-    def write_intent(tmp: Path, intent: dict[str, Any]) -> None:
+    def write_intent(tmp: Path, intent: Manifest) -> None:
         """Record, before the process is touched, what the manifest needs that is known already,
         so that recovery can finish a checkpoint whose writer died after the dump.
 
@@ -306,7 +385,7 @@ class Store:
         recovery can commit: an intent and CRIU's log saying the dump finished."""
         return read_json(tmp / MANIFEST) is not None or (read_json(tmp / INTENT) is not None and dump_finished(tmp))
 
-    def commit_checkpoint(self, cid: str, tmp: Path, manifest: dict[str, Any]) -> Checkpoint:
+    def commit_checkpoint(self, cid: str, tmp: Path, manifest: Manifest) -> Checkpoint:
         """Put the images on disk, write the manifest, make everything private, and rename into place."""
         t0 = time.perf_counter()
         tighten_permissions(tmp)
@@ -411,7 +490,7 @@ class Store:
 
     # -- trash --------------------------------------------------------------------------
     def _running_pid(self, name: str) -> int | None:
-        rec = read_json(self.procs_root / name / "run.json") or {}
+        rec = read_record(self.procs_root / name)
         return rec["pid"] if rec.get("state") == "running" and is_alive(rec.get("pid")) else None
 
     def trash(self, name: str, reason: str, details: dict[str, Any] | None = None) -> str:

@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import psutil
 
@@ -23,13 +23,13 @@ from ..core.checkpointer import Running
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.launcher import Started
 from ..core.recovery import RECOVER_WAIT, Recovery
-from ..core.store import MANIFEST, Checkpoint, Store, fsync_trees, make_private_dir, read_json, write_json_atomic
+from ..core.store import MANIFEST, Checkpoint, Manifest, Store, fsync_trees, make_private_dir, read_json, read_record, write_json_atomic
 from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
 
 Progress = Callable[[str, int, int], None]
 CONNECT_TIMEOUT = 5.0
 #: Marks a mirrored manifest: its images are in the daemon's store.
-MIRROR_KEY = "daemon_images"
+MIRROR_KEY: Final = "daemon_images"
 
 
 def _no_progress(phase: str, done: int, total: int) -> None:
@@ -150,12 +150,12 @@ class DaemonStore(Store):
         self.client = client
         make_private_dir(self.root)  # mkdir(parents=True) leaves the store's own directory world-readable
 
-    def mirror(self, cid: str, manifest: dict[str, Any]) -> Checkpoint:
+    def mirror(self, cid: str, manifest: Manifest) -> Checkpoint:
         """Write (or rewrite) the manifest of a daemon checkpoint, without images."""
         path = make_private_dir(self.checkpoints_root / cid)
-        manifest = {**manifest, MIRROR_KEY: self.client.socket_path}
-        write_json_atomic(path / MANIFEST, manifest)
-        return Checkpoint(cid, path, manifest)
+        mirrored: Manifest = {**manifest, MIRROR_KEY: self.client.socket_path}
+        write_json_atomic(path / MANIFEST, mirrored)
+        return Checkpoint(cid, path, mirrored)
 
     def forget(self, cid: str) -> None:
         """Drop a mirrored checkpoint here only (the daemon no longer has it)."""
@@ -292,7 +292,7 @@ class DaemonCheckpointer:
                 self.store.forget(cid)
         trashed_names = {(read_json(p / "trash.json") or {}).get("name") for p in self.store.trash_root.glob("*")}
         for name, rec in state["procs"].items():
-            local = read_json(self.store.procs_root / name / "run.json") or {}
+            local = read_record(self.store.procs_root / name)
             if local.get("engine") == "snapshot":
                 continue  # suspended by the snapshot engine: this store's record is the true one
             if name not in trashed_names or local:

@@ -25,12 +25,12 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import AccessRefusedError, EngineError, StateError
 from ..core.identity import ProcId, stat_fields
 from ..core.launcher import HolderRecord, holder_records
 from ..core.procs import in_own_pidns, innermost_pid, tree
+from ..core.store import ProcRecord
 from .guard import Owner
 
 #: How long the tasks of a tree get to stop (one in an uninterruptible wait stops when it ends).
@@ -39,7 +39,7 @@ _CAPS = ("CapInh", "CapPrm", "CapEff", "CapAmb")
 _WHICH = ("real", "effective", "saved", "fs")
 
 
-def launched(proc_dir: Path, rec: dict[str, Any]) -> HolderRecord:
+def launched(proc_dir: Path, rec: ProcRecord) -> HolderRecord:
     """The record of the holder whose recorded workload is ``rec``'s process, both still running;
     StateError when there is none (the process is not one the daemon started or restored here)."""
     pid = rec.get("pid")

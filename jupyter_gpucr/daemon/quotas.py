@@ -36,7 +36,7 @@ from ..core.errors import BusyError, PreconditionError
 from ..core.locks import exclusive
 from ..core.names import validate_name
 from ..core.procs import is_alive, tree, tree_rss
-from ..core.store import Checkpoint, Store, read_json
+from ..core.store import Checkpoint, Store, read_record
 
 log = logging.getLogger("gpucr-daemon")
 #: How often the watchdog looks at the logs: a process may pass the cap by what it writes meanwhile.
@@ -105,7 +105,7 @@ class Quotas:
     # -- store bytes ----------------------------------------------------------------------
     def check_store(self, store: Store, name: str) -> None:
         quota = self.settings.store_bytes
-        rec = read_json(store.root / "procs" / name / "run.json") or {}
+        rec = read_record(store.root / "procs" / name)
         pid = rec.get("pid")
         if quota is None or rec.get("state") != "running" or not isinstance(pid, int) or not is_alive(pid):
             return  # the verb says why it cannot checkpoint
@@ -188,7 +188,7 @@ class Quotas:
                 continue
             try:
                 with exclusive(proc_dir, proc_dir.name, "cutting its log"):
-                    rec = read_json(proc_dir / "run.json") or {}
+                    rec = read_record(proc_dir)
                     if rec.get("state") != "running" or not is_alive(rec.get("pid")):
                         continue  # a suspended process's log must keep the size CRIU recorded
                     for path in over:

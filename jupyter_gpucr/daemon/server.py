@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .._version import __version__
 from ..core.checkpointer import Checkpointer, Running
@@ -36,7 +36,7 @@ from ..core.identity import ProcId
 from ..core.launcher import HolderRecord, clean_env
 from ..core.names import validate_name
 from ..core.procs import is_alive, tree, wait_gone
-from ..core.store import Store, make_private_dir, write_json_atomic
+from ..core.store import ProcRecord, Store, make_private_dir, write_json_atomic
 from .caller import caller_of, cgroup_of, move_tree
 from .guard import Owner, RestoreGuard, deleted_files
 from .listener import Connection, Credentials, Limits, Listener
@@ -141,7 +141,7 @@ class Daemon:
         except BaseException:
             env_file.unlink(missing_ok=True)  # on success dropexec deletes it once read
             raise
-        running.record.update(command=command, cwd=cwd, uid=peer.uid, user=peer.user, via="daemon")
+        running.record.update({"command": command, "cwd": cwd, "uid": peer.uid, "user": peer.user, "via": "daemon"})
         cr.store.write_proc(name, running.record)
         _await_dropped(running.pid, peer.uid)
         return self._adopt(peer, running)
@@ -160,7 +160,7 @@ class Daemon:
             except GPUCRError as e:
                 e.message = e.message.rstrip(". ") + ". The process was left running."
                 raise
-            _refuse_deleted_files(name, rec["pid"])
+            _refuse_deleted_files(name, cast(int, rec["pid"]))
             # checked again once frozen: in between, a task could have run a set-user-ID program
             cr.criu.before_seize = functools.partial(_frozen_for_dump, holder, Owner.of(peer.uid), name)
         extra = {**(extra if isinstance(extra, dict) else {}), "owner": {"uid": peer.uid, "user": peer.user}}
@@ -207,7 +207,7 @@ class Daemon:
         if (cr.store.checkpoints_root / target).is_dir() and not (cr.store.procs_root / target).is_dir():
             name = cr.store.get(target).name
             cr.store.delete(target)
-            rec = cr.store.read_proc(name) if (cr.store.procs_root / name / "run.json").exists() else None
+            rec = cr.store.read_proc(name) if cr.store.has_proc(name) else None
             if rec is not None and not cr.store.checkpoint_ids(name) and not is_alive(rec.get("pid")):
                 cr.store.remove_proc(name)
             return {"removed": [target]}
@@ -277,11 +277,11 @@ def _str_dict(d: Any) -> bool:
     return isinstance(d, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
 
 
-def _check_owner(proc_dir: Path, rec: dict[str, Any], peer: Peer) -> HolderRecord:
+def _check_owner(proc_dir: Path, rec: ProcRecord, peer: Peer) -> HolderRecord:
     """The recorded process is one the daemon started or restored for the peer (``ownership.launched``)
     and every thread of its tree has only the peer's own credentials; its holder's record."""
     holder = launched(proc_dir, rec)
-    check_credentials(rec["pid"], Owner.of(peer.uid), str(rec.get("name")))
+    check_credentials(cast(int, rec["pid"]), Owner.of(peer.uid), str(rec.get("name")))
     return holder
 
 

@@ -18,13 +18,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..core import pagecache
 from ..core.backend import CheckpointBackend
 from ..core.checksums import digest_tree
 from ..core.errors import EngineError, PreconditionError, PutBackError
-from ..core.store import Checkpoint, dir_size
+from ..core.store import Checkpoint, Manifest, dir_size
 from . import kernel_rpc
 from .backend import Backend
 from .provisioner import GPUCRProvisioner
@@ -206,13 +206,13 @@ class SnapshotEngine(SuspendEngine):
             report = await kernel_rpc.with_client(km, kernel_rpc.save, tmp / SNAPSHOT_PAYLOAD, timeout=3600)
             t1 = time.perf_counter()
             files = digest_tree(tmp / SNAPSHOT_PAYLOAD)
-            manifest = {
+            manifest = cast(Manifest, {
                 **extra, "name": kernel_id, "created": time.time(), "engine": self.name,
                 "size": sum(int(f["size"]) for f in files.values()), "files": files,
                 "snapshot": {"kept": report.get("kept", []), "lost": report.get("lost", []), "bytes": report.get("bytes")},
                 "gpu": {"used": [], "all": []},
                 "timings": {"save": t1 - t0, "checksum": time.perf_counter() - t1, "total": time.perf_counter() - t0},
-            }
+            })
             ckpt = store.commit_checkpoint(cid, tmp, manifest)
         except kernel_rpc.SnapshotError as e:
             store.discard(tmp)

@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 from jupyter_core.utils import ensure_async
@@ -593,7 +593,7 @@ class KernelSuspender:
         after a restore. It goes to disk now, so this server can list it."""
         m = ckpt.manifest if ckpt else {"engine": "criu"}
         if m.get("engine") != "criu" and ckpt is not None:
-            for pid in reversed(tree(self.store.read_proc(name)["pid"])):
+            for pid in reversed(tree(cast(int, self.store.read_proc(name)["pid"]))):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
             self.log.warning("gpucr: kernel %s ran from saved variables when the server died; it is listed with "
