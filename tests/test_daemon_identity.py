@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from jupyter_gpucr.core.errors import AccessRefusedError
-from jupyter_gpucr.core.holder import FIRST_WORKLOAD_PID
+from jupyter_gpucr.core.holder import first_workload_pid
 from jupyter_gpucr.core.identity import ProcId
 from jupyter_gpucr.core.launcher import HOLDER
 from jupyter_gpucr.daemon.guard import Owner
@@ -176,7 +176,8 @@ def holder_status_arg(d: H.Daemon, name: str) -> str:
 
 
 def test_an_argv_decoy_is_not_taken_for_the_victims_process(daemon: H.Daemon) -> None:
-    ns_pid = FIRST_WORKLOAD_PID + 1  # what the victim's process is in its namespace (checked below)
+    # what the victim's process is in its namespace (checked below)
+    ns_pid = first_workload_pid(holder_status_arg(daemon, "work").removeprefix("--status=")) + 1
     # started before the victim's holder, so that a search by command line meets it first
     decoy = start_decoy(ATTACKER, FAKE_WORKLOAD, str(ns_pid), str(HOLDER), holder_status_arg(daemon, "work"), "run")
     try:

@@ -25,12 +25,19 @@ import os
 import signal
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 # Workload PIDs start above this, so CRIU and its helpers (low PIDs in a fresh namespace)
 # never take a PID the restored tree needs.
 FIRST_WORKLOAD_PID = 1000
+# Each process gets its own stretch of PIDs above that, from its name: processes in different PID
+# namespaces still share the host's network namespace, and libraries that name an abstract UNIX
+# socket after getpid() (the CUDA stack does) would otherwise give every GPU kernel the same name,
+# so one kernel's restore could not bind it while another kernel holds it.
+PID_STRETCHES = 7000
+PID_STRETCH = 4
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -42,9 +49,15 @@ def _write_status(path: str, status: dict) -> None:
     os.replace(tmp, path)
 
 
-def _reserve_low_pids() -> None:
+def first_workload_pid(status: str) -> int:
+    """The PID after which the workload of the holder reporting to ``status`` starts (the status
+    file's path names the process: the same for every run of it)."""
+    return FIRST_WORKLOAD_PID + zlib.crc32(status.encode()) % PID_STRETCHES * PID_STRETCH
+
+
+def _reserve_low_pids(status: str) -> None:
     with open("/proc/sys/kernel/ns_last_pid", "w") as f:
-        f.write(str(FIRST_WORKLOAD_PID))
+        f.write(str(first_workload_pid(status)))
 
 
 def _open_stdio(stdout: str, stderr: str) -> None:
@@ -222,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in _FORWARDED:
         signal.signal(sig, forward)
     if args.mode == "run":
-        _reserve_low_pids()
+        _reserve_low_pids(args.status)
         main_pid, failure = _launch(args)
         if failure:
             _write_status(args.status, {"ok": False, "error": failure})
