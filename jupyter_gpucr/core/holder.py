@@ -34,7 +34,7 @@ from pathlib import Path
 FIRST_WORKLOAD_PID = 1000
 # Each process gets its own stretch of PIDs above that, from its name: processes in different PID
 # namespaces still share the host's network namespace, and libraries that name an abstract UNIX
-# socket after getpid() (the CUDA stack does) would otherwise give every GPU kernel the same name,
+# socket after getpid() (a GPU kernel has one) would otherwise give every GPU kernel the same name,
 # so one kernel's restore could not bind it while another kernel holds it.
 PID_STRETCHES = 7000
 PID_STRETCH = 4
