@@ -2,6 +2,7 @@
 configurable-http-proxy, LocalProcessSpawner and jupyterhub-idle-culler as a hub service."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -12,7 +13,9 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +146,25 @@ def start_daemon(root: Path, *options: str) -> Daemon:
     wait_until("the daemon socket", lambda: (sock_dir / "daemon.sock").exists() or proc.poll() is not None, 30, 0.1)
     assert proc.poll() is None, log.read_text()
     return Daemon(sock_dir / "daemon.sock", root / "state", proc, log)
+
+
+@contextlib.contextmanager
+def daemon_for(users: Sequence[str], prefix: str, *options: str) -> Iterator[Daemon]:
+    """A real gpucr-daemon (root) for ``users``, who are created if missing and may reach this
+    Python and the repository; stopped, and its folder removed, afterwards."""
+    for user in users:
+        ensure_user(user)
+    opened = open_path_for_users([Path(sys.executable).resolve(), REPO])
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(root, 0o755)
+    d = start_daemon(root, *options)
+    try:
+        yield d
+    finally:
+        d.stop()
+        for path, mode in opened.items():
+            os.chmod(path, mode)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass

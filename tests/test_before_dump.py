@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,18 +84,8 @@ def daemon() -> Iterator[H.Daemon]:
     if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("useradd", "runuser", "unshare")):
         pytest.skip("the daemon runs as root and the test creates a Unix user (useradd, runuser, unshare)")
     criu_or_skip()
-    H.ensure_user(USER)
-    opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
-    root = Path(tempfile.mkdtemp(prefix="gpucr-before-dump-"))
-    os.chmod(root, 0o755)
-    d = H.start_daemon(root)
-    try:
+    with H.daemon_for([USER], 'gpucr-before-dump-') as d:
         yield d
-    finally:
-        d.stop()
-        for path, mode in opened.items():
-            os.chmod(path, mode)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_daemon_asks_for_before_dump_once_the_gpu_is_free_and_dumps_after_it(daemon: H.Daemon) -> None:

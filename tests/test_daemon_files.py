@@ -10,10 +10,8 @@ import json
 import os
 import pwd
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,17 +40,8 @@ def daemon() -> Iterator[H.Daemon]:
         subprocess.run(["pkill", "-KILL", "-u", user], check=False)  # an earlier run's processes
         for leftover in Path(H.ensure_user(user).pw_dir).iterdir():  # an earlier run's files and links
             subprocess.run(["rm", "-rf", "--", str(leftover)], check=True)
-    opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
-    root = Path(tempfile.mkdtemp(prefix="gpucr-daemon-files-"))
-    os.chmod(root, 0o755)
-    d = H.start_daemon(root)
-    try:
+    with H.daemon_for([ATTACKER, VICTIM], "gpucr-daemon-files-") as d:
         yield d
-    finally:
-        d.stop()
-        for path, mode in opened.items():
-            os.chmod(path, mode)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def home(user: str) -> Path:

@@ -77,19 +77,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[H.Daemon]:
     criu_or_skip()
-    for user in (ATTACKER, VICTIM):
-        H.ensure_user(user)
-    opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
-    root = Path(tempfile.mkdtemp(prefix="gpucr-identity-"))
-    os.chmod(root, 0o755)
-    d = H.start_daemon(root)
-    try:
+    with H.daemon_for([ATTACKER, VICTIM], 'gpucr-identity-') as d:
         yield d
-    finally:
-        d.stop()
-        for path, mode in opened.items():
-            os.chmod(path, mode)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def as_user_argv(user: str, *, no_new_privs: bool = False, clear_groups: bool = False) -> list[str]:

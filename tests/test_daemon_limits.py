@@ -10,11 +10,9 @@ import os
 import pwd
 import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -42,21 +40,12 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[H.Daemon]:
     criu_or_skip()
-    for user in (ATTACKER, VICTIM):
-        H.ensure_user(user)
-    opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
-    root = Path(tempfile.mkdtemp(prefix="gpucr-limits-"))
-    os.chmod(root, 0o755)
-    d = H.start_daemon(root, *OPTIONS)
-    try:
-        yield d
-    finally:
-        d.stop()
-        drop_network_locks([p.parent for p in d.state.glob("users/*/checkpoints/*/images/inventory.img")])
-        for path, mode in opened.items():
-            os.chmod(path, mode)
-        print(f"daemon log:\n{d.log.read_text()[-4000:]}")
-        shutil.rmtree(root, ignore_errors=True)
+    with H.daemon_for([ATTACKER, VICTIM], 'gpucr-limits-', *OPTIONS) as d:
+        try:
+            yield d
+        finally:
+            drop_network_locks([p.parent for p in d.state.glob("users/*/checkpoints/*/images/inventory.img")])
+            print(f"daemon log:\n{d.log.read_text()[-4000:]}")
 
 
 def uid(user: str) -> int:

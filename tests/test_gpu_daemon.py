@@ -3,10 +3,7 @@ memory freed) and restored (same uid, same tensor checksum) through gpucr-daemon
 machine (marked gpu; scripts/gpu-run.sh), as root, which starts the daemon and creates the user."""
 from __future__ import annotations
 
-import os
 import pwd
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,17 +24,8 @@ def daemon() -> Iterator[H.Daemon]:
     if not gpus.list_gpus() or cuda.unavailable_reason():
         pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
     criu_or_skip()
-    H.ensure_user(USER)
-    opened = H.open_path_for_users([Path(sys.executable).resolve(), H.REPO])
-    root = Path(tempfile.mkdtemp(prefix="gpucr-gpu-daemon-"))
-    os.chmod(root, 0o755)
-    d = H.start_daemon(root)
-    try:
+    with H.daemon_for([USER], 'gpucr-gpu-daemon-') as d:
         yield d
-    finally:
-        d.stop()
-        for path, mode in opened.items():
-            os.chmod(path, mode)
 
 
 def as_user(daemon: H.Daemon, body: str) -> dict:

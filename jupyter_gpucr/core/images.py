@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointDamagedError
+from .pagefill import read_varint
 
 # Every image starts with magic words: CRIU's common (or service) word, then the image's own.
 _FRAMED = (0x54564319, 0x55105940)
@@ -52,13 +53,13 @@ def decode(b: bytes) -> Fields:
     out: Fields = {}
     i = 0
     while i < len(b):
-        key, i = _varint(b, i)
+        key, i = read_varint(b, i)
         number, wire = key >> 3, key & 7
         value: int | bytes
         if wire == 0:
-            value, i = _varint(b, i)
+            value, i = read_varint(b, i)
         elif wire == 2:
-            n, i = _varint(b, i)
+            n, i = read_varint(b, i)
             value, i = b[i:i + n], i + n
             if i > len(b):
                 raise ValueError("a field runs past its message")
@@ -79,22 +80,11 @@ def packed(values: list) -> list[int]:
         if isinstance(v, bytes):
             i = 0
             while i < len(v):
-                x, i = _varint(v, i)
+                x, i = read_varint(v, i)
                 out.append(x)
         else:
             out.append(v)
     return out
-
-
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        c = b[i]
-        i += 1
-        value |= (c & 0x7F) << shift
-        shift += 7
-        if c < 0x80:
-            return value, i
 
 
 def entries(path: Path) -> Iterator[Fields]:

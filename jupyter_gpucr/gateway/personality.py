@@ -14,12 +14,10 @@ from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 from tornado.ioloop import PeriodicCallback
 
 from ..core import cuda
-from ..core.errors import GPUCRError
 from ..server.backend import choose_backend
 from ..server.config import GPUCR
 from ..server.handlers import handlers as gpucr_handlers
 from ..server.kernelmanager import PROVISIONER, GPUCRMappingKernelManager
-from ..server.lifecycle import RUNNING
 from ..server.readiness import Readiness
 from ..server.service import KernelSuspender
 from ..server.websocket import GPUCRWebsocketConnection
@@ -90,22 +88,9 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
             self.readiness.open()
         options = self.service.options
         if options.idle_timeout > 0:
-            self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * options.idle_check_interval)
+            self._idle_checker = PeriodicCallback(self.service.suspend_idle_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
             self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
-
-    async def _suspend_idle_kernels(self) -> None:
-        km = self.kernel_manager
-        options = self.service.options
-        for kernel_id in list(km.list_kernel_ids()):
-            if km.lifecycle.state_of(kernel_id) != RUNNING:
-                continue
-            timeout = km.get_kernel(kernel_id).kernel_spec.metadata.get("gpucr_idle_timeout", options.idle_timeout)
-            if km.is_idle(kernel_id, timeout, options.suspend_busy, options.suspend_connected):
-                try:
-                    await self.service.suspend(kernel_id, reason="idle")
-                except GPUCRError as e:
-                    self.log.warning("gpucr: idle kernel %s not suspended: %s", kernel_id, e)
 
     async def shutdown(self) -> None:
         """Kernel Gateway shuts every kernel down when it stops: put them on disk first, where

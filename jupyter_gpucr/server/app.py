@@ -14,12 +14,10 @@ from tornado.ioloop import PeriodicCallback
 from traitlets.utils.importstring import import_item
 
 from ..core import cuda
-from ..core.errors import GPUCRError
 from .backend import choose_backend
 from .config import GPUCR
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
-from .lifecycle import RUNNING
 from .readiness import Readiness
 from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
@@ -94,7 +92,7 @@ class GPUCRApp(ExtensionApp):
         await self.readiness.wait()  # not an idle check before the kernels of an earlier server are listed
         options = self.service.options
         if options.idle_timeout > 0:
-            self._idle_checker = PeriodicCallback(self._suspend_idle_kernels, 1000 * options.idle_check_interval)
+            self._idle_checker = PeriodicCallback(self.service.suspend_idle_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
             self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
 
@@ -131,19 +129,6 @@ class GPUCRApp(ExtensionApp):
                              "kills after 15 s by default, KubeSpawner after 1 s); c.GPUCR.stop_budget is %.0f s. Set "
                              "c.GPUCR.spawner_stop_timeout or $GPUCR_SPAWNER_STOP_TIMEOUT (docs/jupyterhub.md).",
                              options.stop_budget)
-
-    async def _suspend_idle_kernels(self) -> None:
-        km = self.serverapp.kernel_manager
-        options = self.service.options
-        for kernel_id in list(km.list_kernel_ids()):
-            if km.lifecycle.state_of(kernel_id) != RUNNING:
-                continue
-            timeout = km.get_kernel(kernel_id).kernel_spec.metadata.get("gpucr_idle_timeout", options.idle_timeout)
-            if km.is_idle(kernel_id, timeout, options.suspend_busy, options.suspend_connected):
-                try:
-                    await self.service.suspend(kernel_id, reason="idle")
-                except GPUCRError as e:
-                    self.log.warning("gpucr: idle kernel %s not suspended: %s", kernel_id, e)
 
     async def stop_extension(self) -> None:
         """Runs before jupyter_server shuts kernels down: suspend them all first."""

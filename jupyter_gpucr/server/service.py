@@ -157,6 +157,20 @@ class KernelSuspender:
             yield
 
     # -- suspend -------------------------------------------------------------------------
+    async def suspend_idle_kernels(self) -> None:
+        """Suspend every running kernel idle for longer than its timeout (the kernelspec's
+        ``gpucr_idle_timeout``, else ``c.GPUCR.idle_timeout``); called every ``idle_check_interval``."""
+        km = self.kernel_manager
+        for kernel_id in list(km.list_kernel_ids()):
+            if km.lifecycle.state_of(kernel_id) != RUNNING:
+                continue
+            timeout = km.get_kernel(kernel_id).kernel_spec.metadata.get("gpucr_idle_timeout", self.options.idle_timeout)
+            if km.is_idle(kernel_id, timeout, self.options.suspend_busy, self.options.suspend_connected):
+                try:
+                    await self.suspend(kernel_id, reason="idle")
+                except GPUCRError as e:
+                    self.log.warning("gpucr: idle kernel %s not suspended: %s", kernel_id, e)
+
     async def suspend(self, kernel_id: str, reason: str = "manual", engine: str | None = None,
                       when: str = "now") -> KernelState:
         """Suspend now, when the running cell finishes (``idle``), or after interrupting it."""
