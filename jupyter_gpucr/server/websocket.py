@@ -95,6 +95,9 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         super().__init__(**kwargs)
         self._queue: list[Any] = []
         self._in_flight: set[str] = set()
+        # The restore wakes every connection, and a connection that asked for the restore wakes
+        # itself after it: one at a time, or both would make a live connection and one would leak.
+        self._wake_lock = asyncio.Lock()
 
     # -- what the rest of the server sees --------------------------------------------------
     @property
@@ -194,6 +197,10 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
 
     async def wake(self) -> None:
         """The kernel runs (restored, or the suspend failed): connect afresh, deliver the queue."""
+        async with self._wake_lock:
+            await self._wake()
+
+    async def _wake(self) -> None:
         self._holding = False
         if self._closed:
             return
