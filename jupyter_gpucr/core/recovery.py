@@ -116,8 +116,9 @@ class CrashRecovery:
             pid = None
         if committed:
             self.store.apply_retention(name, self.keep_last, self.max_bytes)
-        if pid:
-            return self._record_running(name, rec, pid, notes)
+        ns_pid = _ns_pid(pid) if pid else None  # None too when it exited meanwhile (its pages were lost)
+        if pid and ns_pid is not None:
+            return self._record_running(name, rec, pid, ns_pid, notes)
         try:
             latest = self.store.latest(name)
         except CheckpointDamagedError as e:
@@ -241,8 +242,8 @@ class CrashRecovery:
             return None
         return latest.id if latest else None
 
-    def _record_running(self, name: str, rec: ProcRecord, pid: int, notes: list[str]) -> Recovery:
-        new: ProcRecord = {**_without_op(rec), "state": "running", "pid": pid, "ns_pid": innermost_pid(pid)}
+    def _record_running(self, name: str, rec: ProcRecord, pid: int, ns_pid: int, notes: list[str]) -> Recovery:
+        new: ProcRecord = {**_without_op(rec), "state": "running", "pid": pid, "ns_pid": ns_pid}
         restoring = rec.get("restoring")
         if restoring:
             new.update({"restored_at": time.time(), "restored_from": restoring["checkpoint"], "gpu_map": restoring.get("gpu_map") or {}})
@@ -295,3 +296,11 @@ def _without_op(rec: ProcRecord) -> ProcRecord:
     new = rec.copy()
     new.pop("restoring", None)
     return new
+
+
+def _ns_pid(pid: int) -> int | None:
+    """The PID of ``pid`` in its own namespace; None once it is gone."""
+    try:
+        return innermost_pid(pid)
+    except OSError:
+        return None
