@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EngineError, PreconditionError
-from .identity import CRIU_RECORD, criu_at_work, spawn_recorded, write_record
+from .identity import CRIU_RECORD, criu_at_work, spawn_recorded
+from .jsonfile import write_json_atomic
 from .pagefill import FillError, read_varint, varint_fields
 from .procs import in_own_pidns, innermost_pid
 
@@ -162,7 +163,7 @@ def _run_recorded(argv: list[str], workdir: Path) -> tuple[int, str]:
     """Run CRIU, its PID and start time recorded in ``workdir`` (see :func:`at_work_in`) before it
     may start and until it ends; its exit code and stderr."""
     record = workdir / CRIU_RECORD
-    proc, _ = spawn_recorded(argv, lambda me: write_record(record, me.to_dict()), stdout=subprocess.PIPE,
+    proc, _ = spawn_recorded(argv, lambda me: write_json_atomic(record, me.to_dict(), durable=False), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         _out, err = proc.communicate()

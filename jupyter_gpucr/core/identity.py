@@ -9,14 +9,14 @@ which only its owner (root, in the daemon) can write.
 """
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from .jsonfile import read_json
 
 #: In a checkpoint's work directory while CRIU dumps into it: the PID and start time of the CRIU run.
 CRIU_RECORD = "criu.json"
@@ -98,29 +98,7 @@ def spawn_recorded(argv: list[str], record: Callable[[ProcId], T], **popen_args:
     return popen, recorded
 
 
-def write_record(path: Path, data: dict[str, Any]) -> None:
-    """Write a small JSON record atomically (0600). Not fsynced: the processes it names do not
-    survive a power loss either."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def read_record(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def criu_at_work(workdir: Path) -> ProcId | None:
     """The CRIU run recorded in ``workdir`` if it still runs."""
-    proc = ProcId.from_dict(read_record(workdir / CRIU_RECORD))
+    proc = ProcId.from_dict(read_json(workdir / CRIU_RECORD))
     return proc if proc is not None and proc.alive() else None

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import EngineError, PreconditionError
-from .identity import ProcId, read_record, spawn_recorded, write_record
+from .identity import ProcId, spawn_recorded
+from .jsonfile import read_json, write_json_atomic
 from .procs import find_descendant_by_ns_pid
 
 # jupyter_client sets this so ipykernel exits when its parent changes; inside a holder the
@@ -65,12 +66,13 @@ class HolderRecord:
     workload: ProcId | None = None
 
     def write(self) -> None:
-        write_record(self.path, {"holder": self.holder.to_dict(), "mode": self.mode, "ns_pid": self.ns_pid,
-                                 "workload": self.workload.to_dict() if self.workload else None})
+        write_json_atomic(self.path, {"holder": self.holder.to_dict(), "mode": self.mode, "ns_pid": self.ns_pid,
+                                      "workload": self.workload.to_dict() if self.workload else None},
+                          durable=False)  # the processes it names do not survive a power loss either
 
     @classmethod
     def read(cls, path: Path) -> HolderRecord | None:
-        data = read_record(path) or {}
+        data = read_json(path) or {}
         holder = ProcId.from_dict(data.get("holder"))
         if holder is None:
             return None

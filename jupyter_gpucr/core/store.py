@@ -32,6 +32,7 @@ from typing import Any, TypedDict, cast
 from .checksums import find_mismatches
 from .criu import at_work_in, drop_network_lock, dump_finished
 from .errors import CheckpointDamagedError, NotFoundError, StateError
+from .jsonfile import read_json, write_json_atomic
 from .names import validate_name
 from .procs import is_alive
 
@@ -130,32 +131,6 @@ def make_private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path, 0o700)
     return path
-
-
-def write_json_atomic(path: Path, data: Any, durable: bool = True) -> None:
-    """Write JSON so that readers see the old or the new file, never half of one; ``durable``:
-    on disk before this returns (fsync)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None when it is missing or unreadable."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def tighten_permissions(root: Path) -> None:
