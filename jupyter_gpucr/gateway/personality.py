@@ -80,12 +80,7 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
                              backend.why)
         else:
             self.log.info("gpucr: whole-process engine: %s", backend.why)
-        try:
-            await self.service.relist_at_start()
-        except Exception:  # whatever was listed stays listed; the gateway must answer all the same
-            self.log.exception("gpucr: listing the kernels of an earlier gateway failed")
-        finally:
-            self.readiness.open()
+        await self.readiness.open_after(self.service.relist_at_start, self.log)
         options = self.service.options
         if options.idle_timeout > 0:
             self._idle_checker = PeriodicCallback(self.service.suspend_idle_kernels, 1000 * options.idle_check_interval)

@@ -65,15 +65,7 @@ class GPUCRApp(ExtensionApp):
         # it has started serving, and servers embedded in tests never do).
         self.readiness = Readiness(self.serverapp.base_url)
         self.readiness.hold_requests(self.serverapp.web_app)
-        self.serverapp.io_loop.add_callback(self._relist_then_serve)
-
-    async def _relist_then_serve(self) -> None:
-        try:
-            await self.service.relist_at_start()
-        except Exception:  # whatever was listed stays listed; the server must answer all the same
-            self.log.exception("gpucr: listing the kernels of an earlier server failed")
-        finally:
-            self.readiness.open()
+        self.serverapp.io_loop.add_callback(self.readiness.open_after, self.service.relist_at_start, self.log)
 
     def _refuse(self, message: str, hint: str) -> None:
         """Stop the server rather than run kernels gpucr cannot see (a silent half-install)."""

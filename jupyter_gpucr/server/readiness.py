@@ -10,7 +10,8 @@ until :meth:`Readiness.open` is called; everything else (pages, the hub's readin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from jupyter_server.utils import url_path_join
 from tornado import httputil
@@ -38,6 +39,16 @@ class Readiness:
 
     def open(self) -> None:
         self._open.set()
+
+    async def open_after(self, relist: Callable[[], Awaitable[None]], log: Any) -> None:
+        """Hold requests until ``relist`` (the kernels an earlier server left) has run, whatever it
+        raised: what was listed stays listed, and the server must answer all the same."""
+        try:
+            await relist()
+        except Exception:
+            log.exception("gpucr: listing the kernels an earlier server left failed")
+        finally:
+            self.open()
 
     async def wait(self) -> None:
         await self._open.wait()
