@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.kernel_ws import execute  # noqa: E402
 from tests.pagecache import evict, resident_fraction  # noqa: E402
-from tests.test_server_lifecycle import RealServer  # noqa: E402
+from tests.server.test_server_lifecycle import RealServer  # noqa: E402
 
 CELLS = [
     "import numpy as np",

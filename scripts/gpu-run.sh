@@ -17,7 +17,7 @@ printf '[jupyter_client.kernel_provisioners]\ngpucr-provisioner = jupyter_gpucr.
 export PYTHONPATH="$SITE:$PWD:$PWD/kernel_hooks" GPUCR_CRIU="$PWD/.venv/bin/criu" PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total,driver_version --format=csv; } | tee "$OUT/machine.txt"
 python3 -m jupyter_gpucr.cli.main doctor | tee "$OUT/doctor.txt"
-python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_offload.py tests/test_gpu_server.py tests/test_core.py tests/test_snapshot_engine.py} \
+python3 -m pytest ${GPU_TESTS:-tests/gpu/test_gpu.py tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_server.py tests/core/test_core.py tests/server/test_snapshot_engine.py} \
     -p no:cacheprovider -q -rs 2>&1 | tee "$OUT/gpu-tests.log"
 for gb in ${BENCH_GB:-2 8}; do
     python3 bench/bench_core.py --cpu-gb 2 --gpu-gb "$gb" --store /dev/shm/gpucr-bench-$gb --json-out "$OUT/bench-$gb.json" \

@@ -116,7 +116,7 @@ GPUCR_PREFIX="$VENV" bash "$SCRIPT_DIR/install-criu.sh" "$VENV" || fail "scripts
 "$VENV/bin/criu" --version >/dev/null || fail "$VENV/bin/criu does not run"
 
 # ------------------------------------------------------------------------------------- 5. JupyterHub test tools
-step "[5/5] jupyterhub, jupyterhub-idle-culler (pip) and configurable-http-proxy (npm) for tests/test_jupyterhub.py"
+step "[5/5] jupyterhub, jupyterhub-idle-culler (pip) and configurable-http-proxy (npm) for tests/daemon/test_jupyterhub.py"
 "$VPY" -c 'import jupyterhub, jupyterhub_idle_culler' >/dev/null 2>&1 \
     || "$VPY" -m pip install -q jupyterhub jupyterhub-idle-culler || fail "pip install jupyterhub jupyterhub-idle-culler failed"
 CHP="$VENV/node/node_modules/.bin/configurable-http-proxy"

@@ -1,6 +1,6 @@
 """Collect garbage while the kernel is idle, so that a suspend need not.
 
-A full collection takes 0.25-0.3 s in a kernel holding a 2.7 B-parameter model (issue 11's W2),
+A full collection takes 0.25-0.3 s in a kernel holding a 2.7 B-parameter model (the W2 benchmark kernel),
 a quarter of the time a suspend takes to free the GPU. Garbage only forms while code runs, so
 once the kernel has been idle for ``IDLE_S`` seconds after a cell, one collection leaves nothing
 for a suspend to find until the next cell starts: ``prepare_suspend`` then skips its own.

@@ -3,7 +3,7 @@
  *
  * `IKernelState` mirrors jupyter_gpucr/server/schemas/kernel-state.json and
  * `IKernelStateEvent` the event schema built from it;
- * tests/test_schema_drift.py fails when a property is missing or extra.
+ * tests/server/test_schema_drift.py fails when a property is missing or extra.
  *
  * This module is pure (no imports) so that the unit tests can load it in
  * plain Node.js.

@@ -10,9 +10,9 @@ import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from .conftest import criu_or_skip, gone
-from .kernel_ws import collect, execute, request, send
-from .test_core import gpucr
+from tests.conftest import criu_or_skip, gone
+from tests.core.test_core import gpucr
+from tests.kernel_ws import collect, execute, request, send
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,8 +12,7 @@ import pytest
 
 from jupyter_gpucr.core import writeback
 from jupyter_gpucr.core.writeback import WritebackWhileWriting
-
-from .pagecache import block_device_stat, device_counters
+from tests.pagecache import block_device_stat, device_counters
 
 MIB = 1 << 20
 

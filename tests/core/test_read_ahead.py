@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpucr.core import pagecache
-
-from .pagecache import evict, resident_fraction
+from tests.pagecache import evict, resident_fraction
 
 
 def _evicted_tensors(tmp_path: Path) -> tuple[Path, list[Path]]:

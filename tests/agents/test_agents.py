@@ -17,8 +17,8 @@ from jupyter_server.gateway.managers import GatewayKernelClient
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import DockerExecutor, RemotePythonExecutor, _create_kernel_http
 
-from .agent_servers import TOKEN, Served, kernel_processes, kill_leftovers
-from .conftest import criu_or_skip
+from tests.agent_servers import TOKEN, Served, kernel_processes, kill_leftovers
+from tests.conftest import criu_or_skip
 
 IDLE = ("--GPUCR.idle_timeout=3", "--GPUCR.idle_check_interval=1", "--GPUCR.suspend_connected=True")
 

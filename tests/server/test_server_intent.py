@@ -1,4 +1,4 @@
-"""A suspended kernel stays asleep until the user acts (issue 8), through a real server, real
+"""A suspended kernel stays asleep until the user acts, through a real server, real
 kernels and real CRIU: what JupyterLab, its debugger and jupyter-resource-usage send on their own
 is answered from disk; a cell, a completion or a live widget's message restores the kernel;
 restart and shutdown keep the saved state in the trash; a busy kernel suspends when its cell ends."""
@@ -10,11 +10,11 @@ import json
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from .conftest import gone
-from .kernel_ws import collect, execute, message, request, send
-from .pagecache import evict, resident_fraction
-from .test_server import STATE_CODE, fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
-from .test_server_lifecycle import wait_state
+from tests.conftest import gone
+from tests.kernel_ws import collect, execute, message, request, send
+from tests.pagecache import evict, resident_fraction
+from tests.server.test_server import STATE_CODE, fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+from tests.server.test_server_lifecycle import wait_state
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,8 +11,7 @@ import pytest
 
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core import cuda, gpus
-
-from .conftest import agent_command, ask, criu_or_skip, wait_for_line
+from tests.conftest import agent_command, ask, criu_or_skip, wait_for_line
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 

@@ -1,4 +1,4 @@
-"""The kernel state machine on its own (issue 8): allowed and refused transitions, and every
+"""The kernel state machine on its own: allowed and refused transitions, and every
 change reaching jupyter_server's event bus as a valid event. The real-server tests drive the
 same machine through suspends and restores."""
 from __future__ import annotations
@@ -97,6 +97,6 @@ def test_the_state_matches_its_schema():
 
 
 def test_the_rest_docs_describe_every_property():
-    doc = (Path(__file__).parent.parent / "docs" / "rest-api.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "rest-api.md").read_text()
     missing = [name for name in state_schema()["properties"] if f"`{name}`" not in doc]
     assert missing == []

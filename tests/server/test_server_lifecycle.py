@@ -16,9 +16,9 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from .conftest import criu_or_skip
-from .kernel_ws import execute
-from .test_server import fetch_json, new_session, open_ws
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import execute
+from tests.server.test_server import fetch_json, new_session, open_ws
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,13 +23,12 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core.store import MANIFEST
 from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID
-
-from .conftest import criu_or_skip
-from .kernel_ws import collect, message, request, send
-from .kernel_ws import execute as run_cell
-from .test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
-from .test_server_faults import _leave_nothing_running
-from .test_server_lifecycle import RealServer
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import collect, message, request, send
+from tests.kernel_ws import execute as run_cell
+from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+from tests.server.test_server_faults import _leave_nothing_running
+from tests.server.test_server_lifecycle import RealServer
 
 pytestmark = pytest.mark.timeout(300)
 

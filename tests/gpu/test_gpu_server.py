@@ -17,10 +17,9 @@ from gpucr_hooks.idle import IDLE_S
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core import cuda, gpus
-
-from .kernel_ws import execute
-from .test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
-from .test_server_faults import kill_9_during_suspends_and_restores
+from tests.kernel_ws import execute
+from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
+from tests.server.test_server_faults import kill_9_during_suspends_and_restores
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 

@@ -21,8 +21,7 @@ from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineE
 from jupyter_gpucr.core.hostmemory import free_page_reporting
 from jupyter_gpucr.core.locks import exclusive
 from jupyter_gpucr.core.procs import tree
-
-from .conftest import agent_command, ask, gone, wait_for_line
+from tests.conftest import agent_command, ask, gone, wait_for_line
 
 
 def gpucr(store: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

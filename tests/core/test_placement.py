@@ -9,8 +9,7 @@ import pytest
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core.errors import IncompatibleCheckpointError, PreconditionError
 from jupyter_gpucr.core.gpus import Gpu, plan_placement
-
-from .test_core import start_agent
+from tests.core.test_core import start_agent
 
 GIB = 1 << 30
 H200 = "NVIDIA H200"

@@ -15,7 +15,7 @@ import pytest
 
 from jupyter_gpucr.server.lifecycle import STATE_SCHEMA_PATH, event_schema
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TYPES_TS = REPO / "labextension" / "src" / "types.ts"
 
 

@@ -16,9 +16,8 @@ import pytest
 
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core.criu import dump_id, network_lock_tables
-
-from .conftest import ask
-from .test_core import gpucr, start_agent
+from tests.conftest import ask
+from tests.core.test_core import gpucr, start_agent
 
 pytestmark = pytest.mark.timeout(240)
 KILLS_PER_OPERATION = 10

@@ -25,7 +25,7 @@ from jupyter_gpucr.server import kernel_rpc as snapshot
 
 pytestmark = pytest.mark.timeout(180)
 
-HOOKS_DIR = Path(__file__).resolve().parents[1] / "kernel_hooks"
+HOOKS_DIR = Path(__file__).resolve().parents[2] / "kernel_hooks"
 KERNEL_ENV = {
     **os.environ,
     "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS_DIR), os.environ.get("PYTHONPATH")])),

@@ -11,10 +11,9 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.agents import kernel_for
-
-from .agent_servers import TOKEN, Served, kill_leftovers
-from .conftest import criu_or_skip
-from .kernel_ws import execute
+from tests.agent_servers import TOKEN, Served, kill_leftovers
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import execute
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Nothing lost under faults (issue 9), with a real server, real kernels and real CRIU: messages
+"""Nothing lost under faults, with a real server, real kernels and real CRIU: messages
 racing a suspend all get replies, a failed restore answers the waiting cell with the reason,
 a shutdown during a suspend or restore leaves no process behind, and ``kill -9`` of the server at
 any moment of a suspend or a restore leaves every kernel complete on disk and listed by the next
@@ -20,10 +20,10 @@ import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from .conftest import criu_or_skip
-from .kernel_ws import collect, execute, request, send
-from .test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
-from .test_server_lifecycle import RealServer
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import collect, execute, request, send
+from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
+from tests.server.test_server_lifecycle import RealServer
 
 pytestmark = pytest.mark.timeout(600)
 

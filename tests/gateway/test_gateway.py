@@ -8,9 +8,9 @@ import time
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from .agent_servers import Served, kernel_processes, kill_leftovers
-from .conftest import criu_or_skip
-from .kernel_ws import execute
+from tests.agent_servers import Served, kernel_processes, kill_leftovers
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import execute
 
 SLOW_RELIST = """
 import asyncio

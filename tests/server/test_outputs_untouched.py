@@ -1,4 +1,4 @@
-"""Outputs are untouched (issue 8): a notebook executed by nbclient (what agent frameworks and
+"""Outputs are untouched: a notebook executed by nbclient (what agent frameworks and
 CI pipelines read) gives exactly the same outputs, and the same saved .ipynb, whether or not its
 kernel went through a real CRIU suspend and restore between two cells."""
 from __future__ import annotations
@@ -11,8 +11,7 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
 from jupyter_gpucr.core.procs import is_alive
-
-from .conftest import criu_or_skip
+from tests.conftest import criu_or_skip
 
 pytestmark = pytest.mark.timeout(180)
 

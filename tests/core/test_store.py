@@ -15,9 +15,8 @@ from jupyter_gpucr.core.checksums import digest_tree
 from jupyter_gpucr.core.criu import DUMP_DONE
 from jupyter_gpucr.core.errors import CheckpointDamagedError, StateError
 from jupyter_gpucr.core.store import INTENT, MANIFEST, Store
-
-from .conftest import ask
-from .test_core import gpucr, start_agent
+from tests.conftest import ask
+from tests.core.test_core import gpucr, start_agent
 
 
 def make_checkpoint(store: Store, name: str, kernel: dict | None = None) -> str:

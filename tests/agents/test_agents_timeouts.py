@@ -16,10 +16,10 @@ from autogen_core.code_executor import CodeBlock
 from autogen_ext.code_executors.docker_jupyter import DockerJupyterCodeExecutor
 from autogen_ext.code_executors.docker_jupyter._jupyter_server import JupyterConnectionInfo  # not exported in 0.7.5
 
-from .agent_servers import TOKEN, Served, kill_leftovers
-from .conftest import criu_or_skip
-from .kernel_ws import collect, request, send
-from .test_agents import _only_kernel
+from tests.agent_servers import TOKEN, Served, kill_leftovers
+from tests.agents.test_agents import _only_kernel
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import collect, request, send
 
 SLOW_RESTORE = """
 import asyncio, pathlib
