@@ -23,6 +23,9 @@ _TRASH_ID = r"(?P<trash_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
 
 
 class GPUCRHandler(APIHandler):
+    """Handlers raise; :meth:`write_error` turns a :class:`GPUCRError` into its status and a JSON
+    body with the message and the hint (``reason`` too, where jupyter_server's clients look)."""
+
     auth_resource = AUTH_RESOURCE
 
     @property
@@ -30,19 +33,27 @@ class GPUCRHandler(APIHandler):
         return self.settings["gpucr"]
 
     def body(self) -> dict[str, Any]:
-        if not self.request.body:
+        """The request's JSON object; ``{}`` for an empty body."""
+        data = self.get_json_body()
+        if data is None:
             return {}
-        try:
-            data = json.loads(self.request.body)
-        except ValueError:
-            raise web.HTTPError(400, "The request body is not JSON.") from None
         if not isinstance(data, dict):
             raise web.HTTPError(400, "The request body must be a JSON object.")
         return data
 
-    def fail(self, e: GPUCRError) -> None:
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        e = kwargs.get("exc_info", (None, None, None))[1]
+        if not isinstance(e, GPUCRError):
+            return super().write_error(status_code, **kwargs)
         self.set_status(e.status)
         self.finish(json.dumps({**e.to_dict(), "reason": e.hint}))
+
+    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        """A :class:`GPUCRError` is an answer, not a crash: one line, no traceback."""
+        if isinstance(value, GPUCRError):
+            self.log.warning("gpucr: %s %s: %s", value.status, self._request_summary(), value)
+        else:
+            super().log_exception(typ, value, tb)
 
     async def kernel_state(self, kernel_id: str) -> dict[str, Any]:
         return (await self.service.state(kernel_id)).to_dict()
@@ -64,21 +75,15 @@ class LabelHandler(GPUCRHandler):
     @authorized(action="write")
     async def put(self, kernel_id: str) -> None:
         """Label a kernel after its start (jupyter_server passes no environment from the start request)."""
-        try:
-            self.service.kernel_manager.set_label(kernel_id, self.body().get("label"))
-            self.finish(json.dumps(await self.kernel_state(kernel_id)))
-        except GPUCRError as e:
-            self.fail(e)
+        self.service.kernel_manager.set_label(kernel_id, self.body().get("label"))
+        self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 
 class KernelHandler(GPUCRHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
-        try:
-            self.finish(json.dumps(await self.kernel_state(kernel_id)))
-        except GPUCRError as e:
-            self.fail(e)
+        self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 
 class SuspendHandler(GPUCRHandler):
@@ -91,10 +96,7 @@ class SuspendHandler(GPUCRHandler):
             raise web.HTTPError(400, f"Unknown engine {engine!r}: use auto, criu or snapshot.")
         if when not in ("now", "idle", "interrupt"):
             raise web.HTTPError(400, f"Unknown 'when' {when!r}: use now, idle (when the cell finishes) or interrupt.")
-        try:
-            st = await self.service.suspend(kernel_id, reason="manual", engine=engine, when=when)
-        except GPUCRError as e:
-            return self.fail(e)
+        st = await self.service.suspend(kernel_id, reason="manual", engine=engine, when=when)
         self.set_status(202 if st.state == "suspend-pending" else 200)
         self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
@@ -102,11 +104,8 @@ class SuspendHandler(GPUCRHandler):
     @authorized(action="execute")
     async def delete(self, kernel_id: str) -> None:
         """Cancel a suspend that waits for the running cell."""
-        try:
-            self.service.cancel_pending(kernel_id)
-            self.finish(json.dumps(await self.kernel_state(kernel_id)))
-        except GPUCRError as e:
-            self.fail(e)
+        self.service.cancel_pending(kernel_id)
+        self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 
 class ResumeHandler(GPUCRHandler):
@@ -114,11 +113,8 @@ class ResumeHandler(GPUCRHandler):
     @authorized(action="execute")
     async def post(self, kernel_id: str) -> None:
         gpu = self.body().get("gpu")
-        try:
-            await self.service.resume(kernel_id, gpu=None if gpu is None else str(gpu))
-            self.finish(json.dumps(await self.kernel_state(kernel_id)))
-        except GPUCRError as e:
-            self.fail(e)
+        await self.service.resume(kernel_id, gpu=None if gpu is None else str(gpu))
+        self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 
 class CheckpointsHandler(GPUCRHandler):
@@ -133,19 +129,13 @@ class CheckpointHandler(GPUCRHandler):
     @web.authenticated
     @authorized
     async def get(self, checkpoint_id: str) -> None:
-        try:
-            ckpt = self.service.checkpointer.store.get(checkpoint_id)
-            self.finish(json.dumps(await self.service.checkpoint_summary(ckpt)))
-        except GPUCRError as e:
-            self.fail(e)
+        ckpt = self.service.checkpointer.store.get(checkpoint_id)
+        self.finish(json.dumps(await self.service.checkpoint_summary(ckpt)))
 
     @web.authenticated
     @authorized(action="write")
     async def delete(self, checkpoint_id: str) -> None:
-        try:
-            await self.service.delete_checkpoint(checkpoint_id)
-        except GPUCRError as e:
-            return self.fail(e)
+        await self.service.delete_checkpoint(checkpoint_id)
         self.set_status(204)
         self.finish()
 
@@ -161,10 +151,7 @@ class TrashItemHandler(GPUCRHandler):
     @web.authenticated
     @authorized(action="write")
     async def delete(self, trash_id: str) -> None:
-        try:
-            self.service.delete_trash(trash_id)
-        except GPUCRError as e:
-            return self.fail(e)
+        self.service.delete_trash(trash_id)
         self.set_status(204)
         self.finish()
 
@@ -177,11 +164,8 @@ class TrashRestoreHandler(GPUCRHandler):
         replace, sessions = body.get("replace", False), body.get("sessions", True)
         if not isinstance(replace, bool) or not isinstance(sessions, bool):
             raise web.HTTPError(400, "'replace' and 'sessions' are true or false.")
-        try:
-            st = await self.service.restore_from_trash(trash_id, replace=replace, sessions=sessions)
-            self.finish(json.dumps(await self.kernel_state(st.kernel_id)))
-        except GPUCRError as e:
-            self.fail(e)
+        st = await self.service.restore_from_trash(trash_id, replace=replace, sessions=sessions)
+        self.finish(json.dumps(await self.kernel_state(st.kernel_id)))
 
 
 class GpusHandler(GPUCRHandler):
