@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError, StateError
-from .doctor import report, run_checks
+from .doctor import doctor
 from .install_criu import install
 from .server_client import call, find_server
 
@@ -110,10 +110,7 @@ def _trash_lines(items: list[dict[str, Any]]) -> str:
 
 def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "doctor":
-        rep = report(run_checks(Checkpointer(args.store).store, args.criu))
-        lines = [f"{'OK' if c['ok'] else ('NO' if c['required'] else '--'):3} {c['name']:24} {c['detail']}"
-                 + (f"\n    fix: {c['fix']}" if c["fix"] and not c["ok"] else "") for c in rep["checks"]]
-        return rep, "\n".join(lines)
+        return doctor(args.store, args.criu)
     if args.cmd == "kernel":
         return _kernel_command(args)
     if args.cmd == "install-criu":

@@ -12,9 +12,10 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..cli.doctor import report, run_checks
 from ..core import gpus
+from ..core.doctor import report, run_checks
 from ..core.errors import GPUCRError
+from ..daemon.client import DaemonClient
 
 AUTH_RESOURCE = "kernels"
 _KERNEL_ID = r"(?P<kernel_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
@@ -186,8 +187,10 @@ class DoctorHandler(GPUCRHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        svc = self.service
-        self.finish(json.dumps(report(run_checks(svc.checkpointer.store, svc.options.criu_path or None))))
+        """The doctor's checks as this server sees them: its store, its CRIU and its daemon."""
+        options = self.service.options
+        daemon = DaemonClient(options.daemon_socket) if options.daemon_socket else None
+        self.finish(json.dumps(report(run_checks(self.service.checkpointer.store, options.criu_path or None, daemon))))
 
 
 def handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:

@@ -1,0 +1,144 @@
+"""What works on this machine for checkpointing, and how to fix what does not: the checks behind
+``gpucr doctor`` and the server's ``/api/gpucr/doctor``, which each only show them."""
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Protocol, TypedDict, cast
+
+import psutil
+
+from . import cuda, gpus
+from .criu import NETWORK_LOCKS_MAX, Criu, network_locks_held
+from .errors import GPUCRError
+from .hostmemory import free_page_reporting
+from .privileges import Check, check_privileges
+from .store import Store
+
+
+class DaemonProbe(Protocol):
+    """The gpucr daemon's client, as far as the engine check asks it (the daemon sits above core)."""
+
+    socket_path: str
+
+    def unavailable_reason(self) -> str | None: ...
+
+
+class CheckRow(TypedDict):
+    name: str
+    ok: bool
+    detail: str
+    fix: str
+    required: bool
+
+
+class Report(TypedDict):
+    ok: bool
+    failing: int
+    checks: list[CheckRow]
+
+
+def install_criu_command() -> str:
+    """The command that installs CRIU where gpucr finds it, as this installation has it: its own
+    CLI (a pip install has no scripts/ folder; a checkout has the CLI too)."""
+    beside = Path(sys.executable).with_name("gpucr")  # this environment's CLI
+    on_path = shutil.which("gpucr")
+    if on_path and (not beside.exists() or Path(on_path) == beside):
+        return "gpucr install-criu"
+    if beside.exists():
+        return f"{beside} install-criu"
+    return f"{sys.executable} -m jupyter_gpucr.cli.main install-criu"
+
+
+def _check_criu(criu_path: str | None) -> list[Check]:
+    try:
+        criu = Criu(criu_path)
+    except GPUCRError as e:
+        return [Check("criu", False, e.message,
+                      f"Run '{install_criu_command()}' (CRIU 4.2+ beside this Python), or set GPUCR_CRIU to a CRIU 4.2+.")]
+    ok, out = criu.check()
+    last = out.splitlines()[-1] if out else ""
+    paged = criu.lazy_pages_supported
+    return [
+        Check("criu", True, f"CRIU {criu.version_string} at {criu.path}"),
+        Check("criu check", ok, last, "" if ok else "Run 'criu check' as root and read its output."),
+        Check("userfaultfd", paged,
+              "restores bring memory in with many threads, or lazily" if paged else "not available to CRIU",
+              "" if paged else "Restores fall back to CRIU reading the memory with one thread (about 1.5 GB/s). "
+              "Needs a kernel with userfaultfd (CONFIG_USERFAULTFD) and its non-cooperative events.", required=False),
+    ]
+
+
+def _check_gpu() -> list[Check]:
+    driver = gpus.driver_version()
+    if driver is None:
+        return [Check("nvidia driver", False, "no NVIDIA driver or GPU (NVML did not initialise)",
+                      "Only CPU processes can be checkpointed here.", required=False)]
+    major = int(driver.split(".")[0])
+    checks = [
+        Check("nvidia driver", True, f"driver {driver}"),
+        Check("checkpoint API (r570+)", major >= 570, f"driver {driver}", "" if major >= 570 else "Upgrade the driver to r570+."),
+        Check("GPU remap (r580+)", major >= 580, f"driver {driver}",
+              "" if major >= 580 else "Upgrade to r580+ to restore onto another GPU.", required=False),
+    ]
+    reason = cuda.unavailable_reason()
+    checks.append(Check("cuda-bindings", reason is None, reason or "driver checkpoint API reachable", reason or ""))
+    for g in gpus.list_gpus():
+        checks.append(Check(f"GPU {g.index}", True, f"{g.name} {g.uuid}, {g.memory_free >> 20} MiB free of {g.memory_total >> 20}",
+                            required=False))
+    try:
+        import pynvml
+
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        on = pynvml.nvmlDeviceGetPersistenceMode(h) == 1
+        checks.append(Check("persistence mode", on, "on" if on else "off",
+                            "" if on else "nvidia-smi -pm 1 keeps the driver loaded between processes.", required=False))
+    except Exception as e:
+        checks.append(Check("persistence mode", False, f"unknown: {e}", required=False))
+    return checks
+
+
+def _check_engine(daemon: DaemonProbe | None) -> Check:
+    """Which engine a server started by this user gets, and why (the server decides the same way)."""
+    privileges = check_privileges()
+    if privileges.ok:
+        return Check("engine", True, "whole process: this user may run CRIU itself")
+    reason = daemon.unavailable_reason() if daemon else "no daemon configured"
+    if daemon and reason is None:
+        return Check("engine", True, f"whole process through the gpucr daemon at {daemon.socket_path}")
+    return Check("engine", False, f"snapshot only: not root, no checkpoint capabilities, and {reason}",
+                 "Ask the administrator to run gpucr-daemon (docs/jupyterhub.md), or run as root.", required=False)
+
+
+def run_checks(store: Store, criu_path: str | None, daemon: DaemonProbe | None) -> list[Check]:
+    """Every check, required ones first; ``daemon``: the gpucr daemon a server would ask (None: none configured)."""
+    checks = _check_criu(criu_path) + [check_privileges(), _check_engine(daemon)]
+    for tool in ("unshare", "nsenter"):
+        path = shutil.which(tool)
+        checks.append(Check(tool, bool(path), path or "missing", "" if path else "Install util-linux."))
+    checks += _check_gpu()
+    free = store.free_bytes()
+    checks.append(Check("store disk", free > 1 << 30, f"{free >> 30} GiB free in {store.root}",
+                        "" if free > 1 << 30 else "Free disk or set GPUCR_STORE to a larger disk."))
+    avail = psutil.virtual_memory().available
+    checks.append(Check("host memory", True, f"{avail >> 30} GiB available (GPU memory is staged here while suspending)"))
+    if free_page_reporting():
+        checks.append(Check("freed memory", False, "the hypervisor takes back the memory this VM frees (free page reporting)",
+                            "Suspends and restores write into such memory and can take several times as long after "
+                            "the machine was idle; turn the balloon's free page reporting off for steady times.",
+                            required=False))
+    held = network_locks_held()
+    if held is not None:
+        room = held < NETWORK_LOCKS_MAX * 0.9
+        checks.append(Check("network locks", room, f"{held} of {NETWORK_LOCKS_MAX} held (one per recent suspension)",
+                            "" if room else "Restore or delete old checkpoints: each releases its lock; a suspend "
+                            "releases those of its store older than the hold (c.GPUCR.network_lock_hold).", required=False))
+    return checks
+
+
+def report(checks: list[Check]) -> Report:
+    """The checks as the REST API and ``gpucr doctor --json`` show them."""
+    failing = sum(1 for c in checks if c.required and not c.ok)
+    return {"ok": failing == 0, "failing": failing, "checks": [cast(CheckRow, asdict(c)) for c in checks]}
