@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -16,6 +17,8 @@ from typing import Any
 import psutil
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
+
+from tests.hub import user_env
 
 TOKEN = "secret-token"
 
@@ -29,17 +32,17 @@ def free_port() -> int:
 class Served:
     """``kind`` "server" (jupyter server with the gpucr extension) or "gateway" (``jupyter
     kernelgateway`` with gpucr's API module); ``options`` are added to its command line; an empty
-    ``token`` turns authentication off."""
+    ``token`` turns authentication off; ``user`` runs it as that Unix user (``root`` must be theirs)."""
 
     def __init__(self, kind: str, root: Path, store: Path, *options: str, token: str = TOKEN,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, user: str | None = None) -> None:
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.headers = {"Authorization": f"token {token}"} if token else {}
         self.log = root / f"{kind}.log"
         root.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime"), **(env or {})}
+        env = {**(user_env(user) if user else os.environ), "JUPYTER_RUNTIME_DIR": str(root / "runtime"), **(env or {})}
         if kind == "gateway":
             cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.api=jupyter_gpucr.gateway",
                    f"--KernelGatewayApp.port={self.port}", "--KernelGatewayApp.ip=127.0.0.1",
@@ -50,6 +53,9 @@ class Served:
                    "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}"]
             if not token:  # then nothing tells a script from a page the browser was tricked into
                 cmd.append("--ServerApp.disable_check_xsrf=True")
+        if user:  # setpriv execs: SIGTERM reaches the server itself
+            pw = pwd.getpwnam(user)
+            cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", *cmd]
         self.proc = subprocess.Popen([*cmd, f"--GPUCR.store={store}", *options], cwd=root,
                                      stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env)
 

@@ -2,6 +2,7 @@
 ``jupyter kernelgateway`` process: what the server extension gives a jupyter server."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -95,3 +96,33 @@ async def test_stop_suspends_every_kernel_and_the_next_gateway_lists_it_again(ro
         ws.close()
     finally:
         second.stop()
+
+
+async def test_the_gateways_culler_suspends_idle_kernels_and_leaves_suspended_ones_alone(root, tmp_path):
+    gw = Served("gateway", root, tmp_path / "store", "--JupyterWebsocketPersonality.list_kernels=True",
+                "--MappingKernelManager.cull_idle_timeout=2", "--MappingKernelManager.cull_interval=1")
+    try:
+        await gw.wait_ready()
+        kid = await gw.start_kernel()
+        ws = await gw.ws(kid)
+        await execute(ws, "x = 41")
+        ws.close()  # Kernel Gateway's culler leaves kernels with a client alone (cull_connected)
+
+        await gw.wait_state(kid, "suspended", timeout=30)
+        assert kernel_processes(kid) == []
+        culled = await gw.request(f"api/gpucr/kernels/{kid}")
+        assert (culled["engine"], culled["checkpoint"]["reason"]) == ("criu", "idle")
+        assert "suspending idle kernel" in gw.log.read_text()
+
+        await asyncio.sleep(4)  # two idle timeouts, four culler rounds: a suspended kernel stays as it is
+        assert [(k["id"], k["gpucr"]["state"]) for k in await gw.request("api/kernels")] == [(kid, "suspended")]
+        assert (await gw.request(f"api/gpucr/kernels/{kid}"))["checkpoint"]["id"] == culled["checkpoint"]["id"]
+        assert kernel_processes(kid) == []
+        assert "Culling '" not in gw.log.read_text()  # Kernel Gateway's own culling (a shutdown) never ran
+
+        ws = await gw.ws(kid)
+        reply, out, _ = await execute(ws, "x += 1; print(x)")
+        assert (reply["content"]["status"], out.strip()) == ("ok", "42")
+        ws.close()
+    finally:
+        gw.stop()
