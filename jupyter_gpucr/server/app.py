@@ -60,6 +60,9 @@ class GPUCRApp(ExtensionApp):
                          "Remove the other ServerApp.kernel_manager_class setting, or disable gpucr.")
         self.service = km.suspender
         self.settings["gpucr"] = self.service
+        # What JupyterLab says about the trash (labextension/src/serverconfig.ts reads it).
+        page_config = self.serverapp.web_app.settings.setdefault("page_config_data", {})
+        page_config["gpucrTrashHours"] = f"{self.service.options.trash_hours:g}"
         # Before the server's HTTP server exists (it is made after the extensions are loaded),
         # and listed as soon as the event loop runs (jupyter_server starts extensions only after
         # it has started serving, and servers embedded in tests never do).
