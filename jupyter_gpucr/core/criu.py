@@ -175,6 +175,14 @@ def _run_recorded(argv: list[str], workdir: Path) -> tuple[int, str]:
     return proc.returncode, err
 
 
+def _own_netns(pid: int) -> bool:
+    """Whether ``pid`` lives in a network namespace other than ours (a fork's)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return False
+
+
 def find_criu(explicit: str | None = None) -> str | None:
     """CRIU from the config, $GPUCR_CRIU, beside this Python (the venv's bundle), or PATH."""
     if explicit:
@@ -244,7 +252,9 @@ class Criu:
         elif leave_stopped:
             argv.append("--leave-stopped")
         if in_own_pidns(pid):
-            argv = ["nsenter", "-t", str(pid), "-p", "-m", "--", *argv, "-t", str(innermost_pid(pid))]
+            # a fork's network namespace too (see relay.py): CRIU would otherwise try to dump it
+            net = ["-n"] if _own_netns(pid) else []
+            argv = ["nsenter", "-t", str(pid), "-p", "-m", *net, "--", *argv, "-t", str(innermost_pid(pid))]
         else:
             argv += ["-t", str(pid)]
         thaw = self.before_seize(pid) if self.before_seize is not None else None

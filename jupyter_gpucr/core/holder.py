@@ -16,10 +16,17 @@ restore is handed back).
 The file ``--pages`` then says ``{"pages": "lazy"}``, later ``"in"`` once the daemon is done.
 Should the daemon fail, the tree's untransferred memory would read as zeros: the holder kills
 every process of the namespace at once and writes ``"lost"`` (the checkpoint is intact).
+
+A fork is restored with ``--netns`` (the holder was started in a network namespace of its own: it
+brings ``lo`` up first), ``--relay FD:PORT`` (listening sockets on the host, handed down, that
+the holder relays to PORT inside: see ``relay.py``) and ``--inherit-file N:PATH`` (the fork's own
+copy of a file the source had open for writing, opened here on descriptor N for CRIU's
+``--inherit-fd``).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -28,6 +35,7 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 # Workload PIDs start above this, so CRIU and its helpers (low PIDs in a fresh namespace)
 # never take a PID the restored tree needs.
@@ -127,16 +135,47 @@ def _reason(e: BaseException) -> str:
     return e.strerror if isinstance(e, OSError) and e.strerror else repr(e)
 
 
-def _spawn(command: list[str]) -> int:
+def _spawn(command: list[str], keep: tuple[int, ...] = ()) -> int:
+    """Fork and exec ``command`` with no descriptor of ours but stdio and ``keep``."""
     pid = os.fork()
     if pid == 0:
-        os.closerange(3, 65536)
+        edges = [2, *sorted(keep), 65536]
+        for low, high in zip(edges, edges[1:]):
+            os.closerange(low + 1, high)
+        for fd in keep:
+            os.set_inheritable(fd, True)
         os.execvp(command[0], command)
     return pid
 
 
+def _open_inherited(specs: list[str]) -> tuple[int, ...]:
+    """Open each ``N:PATH`` on descriptor N, inside this mount namespace (a file opened outside it
+    would carry a mount that the fork's later dumps cannot find)."""
+    fds = []
+    for spec in specs:
+        fd, path = spec.split(":", 1)
+        opened = os.open(path, os.O_RDONLY)
+        os.dup2(opened, int(fd))
+        os.close(opened)
+        fds.append(int(fd))
+    return tuple(fds)
+
+
+def _relay_module() -> ModuleType:
+    """``relay.py`` beside this file (a plain script: the package is not importable here)."""
+    spec = importlib.util.spec_from_file_location("gpucr_relay", Path(__file__).with_name("relay.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _criu_restore(args: argparse.Namespace) -> int | None:
-    pid = _spawn(args.command)
+    """Run ``criu restore``, with the files of ``--inherit-file`` open for it (closed here after)."""
+    keep = _open_inherited(args.inherit_file)
+    pid = _spawn(args.command, keep)
+    for fd in keep:
+        os.close(fd)
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         return None
@@ -220,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                         "then --lazy-socket is where it listens and --pages where the holder says how far it is")
     parser.add_argument("--lazy-socket")
     parser.add_argument("--pages")
+    parser.add_argument("--netns", action="store_true", help="this is a network namespace of its own: bring lo up")
+    parser.add_argument("--relay", action="append", default=[], help="FD:PORT, a listening socket to relay to PORT")
+    parser.add_argument("--inherit-file", action="append", default=[], help="N:PATH, opened on descriptor N for CRIU")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -245,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     # What CRIU and the page daemon write beside the checkpoint (logs, stats) stays private; the
     # restored tree gets its own umask back from the images.
     os.umask(0o077)
+    relay = _relay_module() if args.netns else None
+    if relay is not None:
+        relay.bring_lo_up()
     lazy = None
     if args.lazy_pages:
         socket = Path(args.lazy_socket)
@@ -259,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         _write_status(args.status, {"ok": False})
         return 1
     main_pid = restored
+    if relay is not None:
+        relay.start([(int(fd), int(port)) for fd, port in (r.split(":") for r in args.relay)])
     if lazy is not None:
         _write_status(args.pages, {"pages": "lazy"})
     _write_status(args.status, {"ok": True, "ns_pid": main_pid})

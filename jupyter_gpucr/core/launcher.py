@@ -98,12 +98,13 @@ def live_holders(directory: Path) -> list[HolderRecord]:
     return live
 
 
-def unshare_argv(holder_args: list[str]) -> list[str]:
+def unshare_argv(holder_args: list[str], net: bool = False) -> list[str]:
+    """``net``: a network namespace of its own too (a fork's: see ``relay.py``)."""
     unshare = shutil.which("unshare")
     if not unshare:
         raise PreconditionError("The 'unshare' command (util-linux) is missing.", "Install util-linux.")
     return [
-        unshare, "--pid", "--fork", "--mount-proc", "--propagation", "slave", "--kill-child",
+        unshare, "--pid", "--fork", "--mount-proc", "--propagation", "slave", "--kill-child", *(["--net"] if net else []),
         # Run as a plain script in isolated mode: the holder needs only the standard library,
         # and importing the package would add ~0.3 s to every start and restore.
         sys.executable, "-I", "-S", str(HOLDER), *holder_args,
@@ -124,10 +125,13 @@ def start_holder(
     timeout: float = 120.0,
     detach: bool = False,
     log_path: Path | None = None,
+    pass_fds: tuple[int, ...] = (),
+    net: bool = False,
 ) -> Started | None:
     """Start a holder; return where the workload runs, or None when a restore failed (CRIU's log
     says why). A command that cannot start, or exits at once, raises EngineError saying why.
-    The holder is recorded in ``status_path``'s folder (see :class:`HolderRecord`)."""
+    The holder is recorded in ``status_path``'s folder (see :class:`HolderRecord`). It inherits
+    ``pass_fds`` (a fork's relay sockets); ``net``: see :func:`unshare_argv`."""
     status_path.unlink(missing_ok=True)
     live_holders(status_path.parent)  # drops the records of holders that are gone
     stderr = _option(holder_args, "--stderr")
@@ -141,8 +145,9 @@ def start_holder(
         return found
 
     try:
-        popen, recorded = spawn_recorded(unshare_argv([f"--status={status_path}", *holder_args]), record, stdout=log,
-                                         stderr=log, env=clean_env(env), start_new_session=detach, close_fds=True)
+        popen, recorded = spawn_recorded(unshare_argv([f"--status={status_path}", *holder_args], net), record,
+                                         stdout=log, stderr=log, env=clean_env(env), start_new_session=detach,
+                                         close_fds=True, pass_fds=pass_fds)
     except OSError as e:
         raise EngineError(f"Could not start and record the namespace holder in {status_path.parent}: {e.strerror or e}.",
                           "Free disk space in the checkpoint store and retry.") from None

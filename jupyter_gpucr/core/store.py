@@ -79,6 +79,9 @@ class ProcRecord(TypedDict, total=False):
     restoring: Restoring
     lost_reason: str
     lost_at: float
+    forked_from: dict[str, str]  # a fork's source: its name and the checkpoint the fork was made from
+    netns: dict[str, Any]  # a fork's own network namespace: its relay's host ports (core/netns.py)
+    files: dict[str, str]  # a fork's own copies of the files its source had open for writing
 
 
 class Manifest(TypedDict, total=False):
