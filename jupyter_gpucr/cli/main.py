@@ -12,8 +12,10 @@ import time
 import urllib.parse
 from typing import Any
 
+from ..core.activation import WakeOn
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError, StateError
+from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
 from .install_criu import install
 from .server_client import call, find_server
@@ -51,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     s = add("run", help="start a process so that it can be checkpointed later")
     s.add_argument("--name", required=True)
     s.add_argument("--cwd")
+    s.add_argument("--idle-timeout", type=float, metavar="S",
+                   help="checkpoint the process after S seconds without connections and CPU use (needs --wake-on)")
+    s.add_argument("--wake-on", action="append", default=[], metavar="ADDR",
+                   help="tcp:HOST:PORT or unix:PATH the process listens on: a connection there restores it (repeatable)")
     s.add_argument("command", nargs=argparse.REMAINDER)
     s = add("checkpoint", help="checkpoint a process (by default it is gone afterwards, its GPU free)")
     s.add_argument("target", help="NAME or PID")
@@ -93,8 +99,22 @@ def _ls_text(items: list[dict[str, Any]]) -> str:
         latest = it.get("latest") or {}
         lines.append(f"{it['name']:24} {it['state']:13} {it.get('pid') or '-':>8} {latest.get('id', '-'):40} "
                      f"{_size(latest.get('size')):>10} {_when(latest.get('created'))}")
+        if it.get("waker"):
+            lines.append(f"  {_waker_line(it['state'], it['waker'])}")
         lines.extend(f"  damaged: {problem}" for problem in it.get("damaged", []))
     return "\n".join(lines)
+
+
+def _waker_line(state: str, waker: dict[str, Any]) -> str:
+    """What the waker of a process does, as ``gpucr ls`` says it under the process."""
+    where = ", ".join(waker.get("wake_on", []))
+    if not waker.get("alive") and waker.get("state") != "ended":
+        return f"waker: not running (it holds {where}); run 'gpucr recover' to start it again"
+    if state == "checkpointed":
+        line = f"checkpointed (idle, wakes on {where})"
+    else:
+        line = f"waker: {waker.get('state')}, pauses after {waker.get('idle_timeout'):g} s idle, wakes on {where}"
+    return line + (f"\n  last error: {waker['error']}" if waker.get("error") and waker.get("state") != "ended" else "")
 
 
 def _trash_lines(items: list[dict[str, Any]]) -> str:
@@ -118,8 +138,16 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     cr = Checkpointer(args.store, criu_path=args.criu)
     if args.cmd == "run":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        wake_on = [WakeOn.parse(w) for w in args.wake_on]
+        if bool(wake_on) != (args.idle_timeout is not None):
+            raise StateError("--idle-timeout and --wake-on go together.",
+                             "Example: gpucr run --name api --idle-timeout 300 --wake-on tcp:127.0.0.1:8000 -- CMD")
         r = cr.run(args.name, command, cwd=args.cwd)
-        return r.record, f"Started {r.name!r} as PID {r.pid}; logs in {cr.store.proc_dir(r.name)}"
+        said = f"Started {r.name!r} as PID {r.pid}; logs in {cr.store.proc_dir(r.name)}"
+        if wake_on:
+            start_waker(cr.store, r.name, wake_on, args.idle_timeout, args.criu)
+            said += f"; paused after {args.idle_timeout:g} s idle, woken on {', '.join(map(str, wake_on))}"
+        return r.record, said
     if args.cmd == "checkpoint":
         c = cr.checkpoint(args.target, leave_running=args.leave_running)
         t = c.manifest["timings"]
@@ -134,15 +162,18 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""
         return r.record | {"timings": r.timings}, f"Restored {r.name!r} as PID {r.pid}{where} in {r.timings['total']:.2f} s."
     if args.cmd == "ls":
-        items = cr.list()
+        items = [it | {"waker": w} if (w := read_status(cr.store, it["name"])) else it for it in cr.list()]
         return items, _ls_text(items)
     if args.cmd == "rm":
         removed = cr.remove(args.target, kill=args.kill)
         return {"removed": removed}, f"Removed {args.target!r} ({len(removed)} checkpoint(s))."
     if args.cmd == "recover":
         results = {args.name: cr.recover(args.name)} if args.name else cr.recover_all()
-        return ({n: r.to_dict() for n, r in results.items()},
-                "\n".join(f"{r.outcome:10} {r.message}" for r in results.values()) or "Nothing to recover.")
+        wakers = [n for n in restart_wakers(cr.store) if not args.name or n == args.name]
+        return ({n: r.to_dict() for n, r in results.items()} | {"wakers_restarted": wakers},
+                "\n".join([*(f"{r.outcome:10} {r.message}" for r in results.values()),
+                           *(f"{'waker':10} started again for {n!r}: it holds its ports and wakes it on a connection"
+                             for n in wakers)]) or "Nothing to recover.")
     if args.cmd == "trash":
         return _trash_command(cr, args)
     raise AssertionError(args.cmd)
