@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 import psutil
 
 from .._version import __version__
-from . import cuda, gpus, hugepages, pagefill
+from . import cuda, gpus, hugepages, netns, pagefill
 from .checksums import DigestWhileWriting
 from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, drop_network_locks, dump_stats, explain_log
 from .errors import (
@@ -38,13 +38,15 @@ from .errors import (
     PutBackError,
     StateError,
 )
+from .fork import fork as fork_copies
+from .fork import inherit_args
 from .images import read_image
 from .launcher import Started, start_holder
 from .locks import exclusive
 from .privileges import check_privileges
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
-from .store import Checkpoint, Manifest, ProcRecord, Store, dir_size, fsync_trees, private_files
+from .store import Checkpoint, Manifest, ProcRecord, Store, dir_size, fsync_trees, make_private_dir, private_files
 
 Progress = Callable[[str, int, int], None]
 
@@ -57,6 +59,8 @@ PAGES_WAIT = 300.0
 # answered with a reset, so a peer retransmits until the restore. Linux gives up retransmitting
 # after about 15 min (tcp_retries2), and a host holds at most 1024 locks (criu.NETWORK_LOCKS_MAX).
 NETWORK_LOCK_HOLD = 900.0
+# Where a fork's own copies of its source's written files are handed to CRIU (``--inherit-fd``).
+FIRST_INHERITED_FD = 200
 
 
 def _no_progress(phase: str, done: int, total: int) -> None:
@@ -367,14 +371,22 @@ class Checkpointer:
         return PutBackError(f"Finishing the checkpoint failed: {cause}. The process was put back and runs again.",
                             "Free disk space in the checkpoint store, then suspend again.", started)
 
+    # -- fork ----------------------------------------------------------------------------
+    def fork(self, name: str, count: int = 1, names: Sequence[str] | None = None, gpu: str | int | None = "auto",
+             detach: bool = True) -> builtins.list[Running]:
+        """``count`` copies of ``name`` (``names``, else NAME-fork-1...), each in its own namespaces;
+        see :mod:`.fork`. A running ``name`` runs on; a checkpointed one stays on disk."""
+        return fork_copies(self, name, count, names, gpu, detach)
+
     # -- restore -------------------------------------------------------------------------
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
                 progress: Progress = _no_progress, detach: bool = True,
-                gpu_bytes_beside: Mapping[str, int] | None = None) -> Running:
+                gpu_bytes_beside: Mapping[str, int] | None = None, files: Mapping[str, str] | None = None) -> Running:
         """Bring the process back from its latest (or the given) checkpoint onto a fitting GPU.
         ``gpu_bytes_beside``: GPU memory (by the checkpoint's GPU UUIDs) the process takes back
         itself after the driver's restore (a kernel's offloaded tensors); the GPU picked must
-        have room for it too."""
+        have room for it too. ``files``: a fork's first restore (see ``fork.py``): the path of each
+        file the image had open for writing, and the fork's own copy, which the fork gets instead."""
         d = self.store.proc_dir(name)
         asked = time.perf_counter()
         with exclusive(d, name, "restore"):
@@ -389,9 +401,10 @@ class Checkpointer:
             beside = gpu_bytes_beside or {}
             t0 = time.perf_counter()
             try:
-                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside)
+                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside, files=files)
             except _ChangedWhileFilled:  # it forked or moved memory while it ran and was filled
-                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside, run_while_filled=False)
+                running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside, run_while_filled=False,
+                                               files=files)
                 running.timings["first_attempt"] = time.perf_counter() - t0 - running.timings["total"]
             # the lock and the records read before: part of what the user waits for
             running.timings["records"] = t0 - asked
@@ -400,7 +413,7 @@ class Checkpointer:
 
     def _restore_locked(self, name: str, rec: ProcRecord, ckpt: Checkpoint, gpu: str | int | None,
                         progress: Progress, detach: bool, beside: Mapping[str, int],
-                        run_while_filled: bool = True) -> Running:
+                        run_while_filled: bool = True, files: Mapping[str, str] | None = None) -> Running:
         t0 = time.perf_counter()
         self.check_compatible(ckpt)
         gpu_info = ckpt.manifest.get("gpu", {})
@@ -430,15 +443,20 @@ class Checkpointer:
         # serves a 4 MiB span at a time (through CRIU's daemon, page by page, that restore took
         # 11.4-11.9 s instead of 0.29 s, W2 on the H200); the restore returns once all is in.
         paged = self.criu.lazy_pages_supported
-        lazy = not used and self.lazy_restore and paged
+        # A fork's images are its source's, which the source's next checkpoint may delete: all of
+        # its memory comes in before the restore is handed back, and CRIU works in its own folder.
+        own = ckpt.name == name
+        workdir = ckpt.path if own else make_private_dir(self.store.proc_dir(name) / "restore")
+        lazy = not used and self.lazy_restore and paged and own
         fill = paged and not lazy
         running_while_filled = fill and run_while_filled and self._runs_while_filled(used)
         t1 = time.perf_counter()
         started: Started | None = None
         try:
             try:
-                started = self._spawn_restore(name, ckpt.images, ckpt.path, detach=detach,
-                                              leave_stopped=verifying is not None or fill, lazy=lazy, fill=fill)
+                started = self._spawn_restore(name, ckpt.images, workdir, detach=detach,
+                                              leave_stopped=verifying is not None or fill, lazy=lazy, fill=fill,
+                                              files=files or {})
             except GPUCRError:
                 if verifying is not None:
                     verifying.result()  # CRIU failed on a damaged image: say that, not what CRIU tripped over
@@ -513,10 +531,13 @@ class Checkpointer:
         _continue(started)
 
     def _spawn_restore(self, name: str, images: Path, workdir: Path, detach: bool = True,
-                       leave_stopped: bool = False, lazy: bool = False, fill: bool = False) -> Started:
+                       leave_stopped: bool = False, lazy: bool = False, fill: bool = False,
+                       files: Mapping[str, str] | None = None) -> Started:
         """Restore under a new holder. ``lazy``: the tree starts before its memory is back, CRIU's
         lazy-pages daemon (run by the holder) brings it in behind (see :meth:`await_pages`);
-        ``fill``: gpucr's daemon copies it all in while the tree is left stopped."""
+        ``fill``: gpucr's daemon copies it all in while the tree is left stopped. A fork (its record
+        names host ports for its relay) is restored into a network namespace of its own; ``files``:
+        see :meth:`restore`."""
         d = self.store.proc_dir(name)
         pidfile = d / ".restore.pid"
         argv = self.criu.page_fill_argv(images, workdir) if fill else self.criu.lazy_pages_argv(images, workdir)
@@ -524,12 +545,21 @@ class Checkpointer:
                    f"--pages={d / PAGES}"] if lazy or fill else [])
         check = self.restore_check
         checked = check.approve(images, workdir) if check is not None else []
+        inherit, keep = inherit_args(images, dict(files or {}), FIRST_INHERITED_FD)
+        routes = netns.routes_of(cast(dict[str, Any], self.store.read_proc(name)))
         (d / PAGES).unlink(missing_ok=True)
         for attempt in range(2):
             pidfile.unlink(missing_ok=True)
-            argv = [*self.criu.restore_argv(images, workdir, pidfile, leave_stopped, lazy or fill), *checked]
-            started = start_holder(["restore", f"--pidfile={pidfile}", *daemon, "--", *argv], d / ".status",
-                                   detach=detach, log_path=d / "holder.log", timeout=RESTORE_TIMEOUT)
+            argv = [*self.criu.restore_argv(images, workdir, pidfile, leave_stopped, lazy or fill), *checked, *inherit]
+            _, relay = netns.bind(routes) if routes is not None else ([], [])
+            try:  # the holder keeps the relay's sockets; ours close either way
+                started = start_holder(["restore", f"--pidfile={pidfile}", *daemon, *keep,
+                                        *(netns.holder_args(routes, relay) if routes is not None else []), "--", *argv],
+                                       d / ".status", detach=detach, log_path=d / "holder.log", timeout=RESTORE_TIMEOUT,
+                                       pass_fds=tuple(s.fileno() for s in relay), net=routes is not None)
+            finally:
+                for s in relay:
+                    s.close()
             if started is not None:
                 return started
             refused = check.refused(workdir) if check is not None else None

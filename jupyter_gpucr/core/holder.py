@@ -149,12 +149,14 @@ def _spawn(command: list[str], keep: tuple[int, ...] = ()) -> int:
 
 
 def _open_inherited(specs: list[str]) -> tuple[int, ...]:
-    """Open each ``N:PATH`` on descriptor N, inside this mount namespace (a file opened outside it
-    would carry a mount that the fork's later dumps cannot find)."""
+    """Open each ``N:FLAGS:POS:PATH`` on descriptor N, with the open flags and at the position the
+    image has (CRIU takes the descriptor as it is), inside this mount namespace (a file opened
+    outside it would carry a mount that the fork's later dumps cannot find)."""
     fds = []
     for spec in specs:
-        fd, path = spec.split(":", 1)
-        opened = os.open(path, os.O_RDONLY)
+        fd, flags, pos, path = spec.split(":", 3)
+        opened = os.open(path, int(flags))
+        os.lseek(opened, int(pos), os.SEEK_SET)
         os.dup2(opened, int(fd))
         os.close(opened)
         fds.append(int(fd))
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pages")
     parser.add_argument("--netns", action="store_true", help="this is a network namespace of its own: bring lo up")
     parser.add_argument("--relay", action="append", default=[], help="FD:PORT, a listening socket to relay to PORT")
-    parser.add_argument("--inherit-file", action="append", default=[], help="N:PATH, opened on descriptor N for CRIU")
+    parser.add_argument("--inherit-file", action="append", default=[], help="N:FLAGS:POS:PATH, opened on descriptor N for CRIU")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])

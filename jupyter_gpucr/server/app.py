@@ -16,6 +16,7 @@ from traitlets.utils.importstring import import_item
 from ..core import cuda
 from .backend import choose_backend
 from .config import GPUCR
+from .fork import fork_handlers
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness
@@ -76,7 +77,7 @@ class GPUCRApp(ExtensionApp):
         raise SystemExit(f"gpucr: {message} {hint}")
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend(handlers())
+        self.handlers.extend([*handlers(), *fork_handlers()])
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.

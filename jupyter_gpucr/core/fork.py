@@ -1,0 +1,166 @@
+"""Fork a process: copies that start from its memory, GPU memory and files included, and go their own way.
+
+The source is checkpointed and left running (paused only while its dump takes: CRIU's
+``--leave-running``), or, when it is on disk already, its latest checkpoint is used and it stays
+there. Each copy is restored from those images under a name of its own, in namespaces of its
+own: PIDs (as every gpucr process), mount, and network. What each copy gets:
+
+- **Memory, GPU memory, threads, files opened for reading**: as the source had them (RNG states
+  too: forks draw the same numbers until reseeded, ``gpucr_hooks.reseed``).
+- **Files the source had open for writing**: a copy of its own, made when the fork is made
+  (its logs beside its record, other files in ``files/`` of its folder; the record's ``files``
+  lists them). Two processes appending to one file would interleave, and CRIU refuses to
+  restore a file that changed size under it.
+- **Listening TCP ports** (bound to every address or to loopback): the same ports, inside its own
+  network namespace, reached from the host through new ports (``relay.py``; the record's
+  ``netns.relay``). Ports bound to another address cannot be restored there: the fork fails.
+- **Established TCP connections**: between processes of the source's tree they come back
+  connected to each other; to anything outside the tree they come back leading nowhere (no such
+  peer exists in the fork's namespace): the fork's first write on one is answered with a reset,
+  as after a crash of the peer. The peer never sees the fork; the source keeps its connection.
+- **UNIX sockets** bound to a path are not restored in a copy (the source holds the name): the
+  fork fails, saying so. Abstract names live in the network namespace: the fork has its own.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import stat
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from . import netns
+from .errors import GPUCRError, StateError
+from .images import _FE_REG, _FE_TYPE, _REG_FLAGS, _REG_NAME, FD_REG, Image, decode, entries, read_image
+from .procs import is_alive
+from .store import Checkpoint, ProcRecord, make_private_dir, private_files
+
+if TYPE_CHECKING:
+    from .checkpointer import Checkpointer, Running
+
+_NOT_FILES = ("/proc/", "/sys/", "/dev/")
+_REG_POS = 3  # regfile.proto: the file position
+
+
+def fork_names(source: str, count: int, names: Sequence[str] | None) -> list[str]:
+    """The forks' names: ``names`` as given, else NAME-fork-1 ... NAME-fork-COUNT."""
+    if names:
+        return list(names)
+    if count < 1:
+        raise StateError(f"Cannot make {count} forks.", "Ask for one or more.")
+    return [f"{source}-fork-{i}" for i in range(1, count + 1)]
+
+
+def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | None = None,
+         gpu: str | int | None = "auto", detach: bool = True) -> list[Running]:
+    """See the module docstring. All forks are made or none: a failure stops those already made
+    and removes their records; the source is as it was either way."""
+    wanted = fork_names(name, count, names)
+    for new in wanted:
+        if cp.store.has_proc(new):
+            raise StateError(f"{new!r} exists already.", "Pick another name, or remove it ('gpucr rm').")
+    if len(set(wanted)) != len(wanted) or name in wanted:
+        raise StateError("Each fork needs a name of its own.", "Pick different names.")
+    rec = cp.store.read_proc(name)
+    ckpt = _source_checkpoint(cp, name, rec)
+    image = read_image(ckpt.images)
+    routes = netns.listening(image)
+    with ThreadPoolExecutor(len(wanted), thread_name_prefix="gpucr-fork") as pool:
+        futures = [pool.submit(_make, cp, name, rec, ckpt, image, routes, new, gpu, detach) for new in wanted]
+        outcomes: list[Running | BaseException] = []
+        for f in futures:
+            try:
+                outcomes.append(f.result())
+            except BaseException as e:  # noqa: BLE001 - every fork is waited for before any is undone
+                outcomes.append(e)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        for new in wanted:
+            _undo(cp, new)
+        raise failed[0]
+    return cast("list[Running]", outcomes)
+
+
+def _source_checkpoint(cp: Checkpointer, name: str, rec: ProcRecord) -> Checkpoint:
+    """A checkpoint of the running source that leaves it running, or the one it is suspended in."""
+    if rec.get("state") == "running" and is_alive(rec.get("pid")):
+        return cp.checkpoint(name, leave_running=True, reason="fork")
+    ckpt = cp.store.latest(name)
+    if ckpt is None:
+        raise StateError(f"{name!r} is neither running nor checkpointed: there is nothing to fork.",
+                         f"Start it again ('gpucr run --name {name} -- CMD').")
+    return ckpt
+
+
+def _make(cp: Checkpointer, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Image,
+          routes: list[netns.Route], new: str, gpu: str | int | None, detach: bool) -> Running:
+    d = cp.store.proc_dir(new)
+    files = _copy_written_files(image, cp.store.proc_dir(source), d)
+    record: ProcRecord = {
+        "name": new, "command": rec.get("command"), "cwd": rec.get("cwd"), "created": time.time(),
+        "state": "checkpointed", "pid": None, "ns_pid": rec.get("ns_pid"), "checkpoint": None,
+        "uid": os.getuid(), "user": getpass.getuser(), "forked_from": {"name": source, "checkpoint": ckpt.id},
+        "netns": netns.record_of(netns.free_ports(routes)), "files": files,
+    }
+    cp.store.write_proc(new, record)
+    return cp.restore(new, gpu=gpu, checkpoint_id=ckpt.id, detach=detach, files=files)
+
+
+def _copy_written_files(image: Image, source_dir: Path, fork_dir: Path) -> dict[str, str]:
+    """A copy, for the fork, of each regular file the image has open (or mapped) for writing:
+    the source's files in the store (its logs, a kernel's history) beside the fork's record,
+    any other in the fork's ``files/``. Copied as they are now."""
+    copies: dict[str, str] = {}
+    for f in image.files:
+        path = f.path if f.path.startswith("/") else f"/{f.path}"
+        if not (f.access & os.W_OK) or not stat.S_ISREG(f.mode) or path.startswith(_NOT_FILES) or path in copies:
+            continue
+        src = Path(path)
+        if src.parent == source_dir:
+            dst = fork_dir / src.name
+        else:
+            make_private_dir(fork_dir / "files")
+            dst = fork_dir / "files" / path.lstrip("/").replace("/", "%")
+        private_files(dst.parent, dst.name)
+        try:
+            shutil.copyfile(src, dst)
+            shutil.copymode(src, dst)
+        except FileNotFoundError:  # deleted since: CRIU brings the image's own copy back (a ghost file)
+            dst.unlink(missing_ok=True)
+            continue
+        copies[path] = str(dst)
+    return copies
+
+
+def inherit_args(images: Path, files: dict[str, str], first_fd: int) -> tuple[list[str], list[str]]:
+    """What hands a fork its copies of ``files`` (path in the image -> copy): CRIU's
+    ``--inherit-fd`` options, and the holder's ``--inherit-file`` (the copy opened, on the
+    descriptor CRIU is told, as the image had the original open: CRIU takes that descriptor as it
+    is)."""
+    opened: dict[str, tuple[int, int]] = {}
+    for e in entries(images / "files.img") if files else ():
+        if e.get(_FE_TYPE) == [FD_REG] and _FE_REG in e:
+            r = decode(e[_FE_REG][0])
+            path = bytes(r.get(_REG_NAME, [b""])[0]).decode(errors="surrogateescape")
+            opened.setdefault(path, (int(r.get(_REG_FLAGS, [0])[0]), int(r.get(_REG_POS, [0])[0])))
+    criu, holder = [], []
+    for i, (orig, copy) in enumerate(files.items()):
+        flags, pos = opened.get(orig, (os.O_RDWR, 0))
+        fd = first_fd + i
+        criu.append(f"--inherit-fd=fd[{fd}]:{orig.lstrip('/')}")
+        holder.append(f"--inherit-file={fd}:{flags & (os.O_ACCMODE | os.O_APPEND)}:{pos}:{copy}")
+    return criu, holder
+
+
+def _undo(cp: Checkpointer, new: str) -> None:
+    """Stop and forget a fork this call made."""
+    if not cp.store.has_proc(new):
+        return
+    try:
+        cp.remove(new, kill=True)
+    except GPUCRError:
+        cp.store.remove_proc(new)

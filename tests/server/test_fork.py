@@ -1,0 +1,84 @@
+"""Forking a kernel through the server: a real jupyter server, real ipykernels, real CRIU.
+What a user checks: each copy holds the source's variables, goes its own way, and the source
+runs on unchanged."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.kernel_ws import execute
+from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+
+pytestmark = pytest.mark.timeout(240)
+
+STATE = """
+x = 42
+import numpy as np, os, torch
+a = np.arange(2_000_000, dtype=np.int64)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+inp = torch.randn(8, 64)
+rng = np.random.default_rng(7)
+log = open('written.txt', 'a')
+log.write('source\\n'); log.flush()
+"""
+SHOW = "print(x, int(a.sum()), round(model(inp).sum().item(), 6), rng.random(), torch.rand(1).item())"
+
+
+async def _run(jp_ws_fetch, kernel_id, code):
+    ws = await open_ws(jp_ws_fetch, kernel_id, f"s-{kernel_id}")
+    try:
+        reply, out, _ = await execute(ws, code)
+    finally:
+        ws.close()
+    assert reply["content"]["status"] == "ok", out
+    return out.strip()
+
+
+def _pid_ns(pid):
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
+    kid = (await new_session(jp_fetch, "src.ipynb"))["kernel"]["id"]
+    await _run(jp_ws_fetch, kid, STATE)
+    source_pid = kernel_pid(jp_serverapp, kid)
+
+    made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={"count": 2, "gpu": "auto"})
+    forks = [k["id"] for k in made["kernels"]]
+    assert len(set(forks)) == 2 and kid not in forks
+    listed = [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
+    assert set(forks) <= set(listed) and kid in listed
+    km = jp_serverapp.kernel_manager
+    ports = [tuple(km.get_kernel(k).ports) for k in (kid, *forks)]
+    assert len({p for ps in ports for p in ps}) == 15, ports  # every kernel its own five ports
+    files = [km.get_kernel(k).connection_file for k in (kid, *forks)]
+    assert len(set(files)) == 3 and all(json.load(open(f))["shell_port"] == km.get_kernel(k).ports[0]
+                                        for f, k in zip(files, (kid, *forks)))
+    pids = [kernel_pid(jp_serverapp, k) for k in (kid, *forks)]
+    assert pids[0] == source_pid and len(set(pids)) == 3
+    assert len({_pid_ns(p) for p in pids}) == 3  # each its own PID namespace
+
+    await _run(jp_ws_fetch, forks[0], "x = 0\nlog.write('fork one\\n'); log.flush()")
+    shown = [await _run(jp_ws_fetch, k, SHOW) for k in (kid, forks[1])]
+    # the same x, array, model output and next random number (RNG state copied), in copy 2 and the source
+    assert shown[0] == shown[1] and shown[0].startswith("42 1999999000000 "), shown
+    assert (await _run(jp_ws_fetch, forks[0], "print(x)")) == "0"
+    # the file the source had open for writing: the fork writes to a copy of its own
+    source_file = await _run(jp_ws_fetch, kid, "print(os.path.realpath(log.name))")
+    fork_file = await _run(jp_ws_fetch, forks[0], "print(os.path.realpath('/proc/self/fd/%d' % log.fileno()))")
+    assert fork_file != source_file
+    assert "fork one" not in open(source_file).read() and "fork one" in open(fork_file).read()
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "running"
+
+
+async def test_fork_a_suspended_kernel(jp_fetch, jp_ws_fetch, jp_serverapp):
+    kid = (await new_session(jp_fetch, "on-disk.ipynb"))["kernel"]["id"]
+    await _run(jp_ws_fetch, kid, "x = 'kept'")
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={})
+    (fork,) = [k["id"] for k in made["kernels"]]
+    assert await _run(jp_ws_fetch, fork, "print(x)") == "kept"
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
