@@ -19,20 +19,15 @@ import { Kernel } from '@jupyterlab/services';
 import { CommandRegistry } from '@lumino/commands';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
+import { GpucrRequestError } from './api';
 import { formatBytes } from './format';
 import { resumeIcon, suspendIcon } from './icons';
-import { GpucrModel, GpucrRequestError } from './model';
+import { fitToast, kernelLabel, plainError, replaceQuestion } from './messages';
+import { GpucrModel } from './model';
 import { GpucrNotifier } from './notifications';
 import { KernelShutdowns } from './shutdown';
 import { confirmTrash, IKernelShutdown } from './shutdownguard';
-import {
-  canResume,
-  canSuspend,
-  fitToast,
-  kernelLabel,
-  plainError,
-  replaceQuestion
-} from './state';
+import { canResume, canSuspend } from './state';
 import { CommandIDs } from './tokens';
 import type { SuspendWhen } from './types';
 
@@ -241,7 +236,10 @@ export function addCommands(ctx: ICommandContext): void {
       const state = model.getKernel(kernelId);
       const suspended = state?.state === 'suspended';
       const name = notifier.label(kernelId);
-      if (suspended && !(await confirmTrash(state, k => notifier.label(k)))) {
+      if (
+        suspended &&
+        !(await confirmTrash(state, k => notifier.label(k), model.trashHours))
+      ) {
         return;
       }
       try {

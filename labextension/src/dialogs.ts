@@ -12,7 +12,7 @@ import {
 } from '@jupyterlab/apputils';
 
 import { GpucrModel } from './model';
-import { kernelLabel, trashWarning } from './state';
+import { kernelLabel, trashWarning } from './messages';
 
 export class GpucrSessionDialogs extends SessionContextDialogs {
   constructor(
@@ -35,7 +35,7 @@ export class GpucrSessionDialogs extends SessionContextDialogs {
     const result = await showDialog({
       title: 'Restart the suspended kernel?',
       body:
-        trashWarning(name, state) +
+        trashWarning(name, state, this._model.trashHours) +
         ' The restarted kernel starts empty: its variables are gone.',
       buttons: [
         Dialog.cancelButton(),

@@ -2,31 +2,30 @@
  * jupyter-gpucr JupyterLab extension: suspend a notebook's kernel to disk,
  * see where it runs and what it holds, and get it back.
  *
- * Wiring only: the logic lives in model.ts / state.ts, the views in
- * statusbar.tsx, panel.tsx, kernelindicator.ts and running.ts, the commands
- * in commands.ts, the restart dialog in dialogs.ts.
+ * Wiring only: the REST client lives in api.ts, the model in model.ts (its
+ * kernel states and their arbitration in store.ts), the state logic in
+ * state.ts and its words in messages.ts, the views in statusbar.tsx,
+ * panel.tsx, kernelindicator.ts and running.ts, the commands in commands.ts,
+ * the restart dialog in dialogs.ts.
  *
  * Five plugins: the model (shared); three that replace JupyterLab's own
  * (disabled in package.json), for what JupyterLab 4.6 has no extension point
  * for: the session dialogs (`@jupyterlab/apputils-extension:sessionDialogs`:
  * a restart of a suspended kernel says where its saved state goes), the
- * status bar's kernel status (`@jupyterlab/apputils-extension:kernel-status`:
- * "Suspended to disk" instead of "Idle") and the notebook's cell executor
- * (`@jupyterlab/notebook-extension:cell-executor`: a cell run while the
- * kernel is still starting waits for it instead of being dropped); and the UI.
+ * status bar's kernel status (`@jupyterlab/apputils-extension:kernel-status`,
+ * kernelstatusplugin.ts: "Suspended to disk" instead of "Idle") and the
+ * notebook's cell executor (`@jupyterlab/notebook-extension:cell-executor`:
+ * a cell run while the kernel is still starting waits for it instead of
+ * being dropped); and the UI.
  */
 import {
-  ILabShell,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import {
   ICommandPalette,
-  IKernelStatusModel,
-  ISessionContext,
   ISessionContextDialogs,
-  IToolbarWidgetRegistry,
-  KernelStatus
+  IToolbarWidgetRegistry
 } from '@jupyterlab/apputils';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import {
@@ -47,18 +46,22 @@ import { cellExecutor } from './cellexecutor';
 import { addCommands, currentKernelId, panelForKernel } from './commands';
 import { GpucrSessionDialogs } from './dialogs';
 import { GpucrKernelIndicator } from './kernelindicator';
-import { GpucrKernelStatusModel } from './kernelstatus';
+import { kernelStatusPlugin } from './kernelstatusplugin';
 import { GpucrModel } from './model';
 import { GpucrNotifier } from './notifications';
 import { GpucrPanel } from './panel';
 import { addRunningSection } from './running';
-import { isDebuggerRefusal } from './state';
+import { trashHours } from './serverconfig';
 import { KernelShutdowns } from './shutdown';
 import { guardKernelShutdown } from './shutdownguard';
+import { isDebuggerRefusal } from './state';
 import { GpucrStatus } from './statusbar';
 import { CommandIDs, IGpucrModel, PLUGIN_ID } from './tokens';
 
+export * from './api';
 export * from './model';
+export * from './types';
+export type { IKernelTransition } from './store';
 export { CommandIDs, IGpucrModel, PLUGIN_ID } from './tokens';
 
 /**
@@ -98,7 +101,8 @@ const modelPlugin: JupyterFrontEndPlugin<GpucrModel> = {
   provides: IGpucrModel,
   activate: (app: JupyterFrontEnd) => {
     const model = new GpucrModel({
-      serverSettings: app.serviceManager.serverSettings
+      serverSettings: app.serviceManager.serverSettings,
+      trashHours: trashHours()
     });
     // Events: state changes and progress pushed by the server.
     app.serviceManager.events.stream.connect((_, event) => {
@@ -136,84 +140,6 @@ const cellExecutorPlugin: JupyterFrontEndPlugin<INotebookCellExecutor> = {
   autoStart: true,
   provides: INotebookCellExecutor,
   activate: () => cellExecutor
-};
-
-/**
- * JupyterLab's kernel status item (as `@jupyterlab/apputils-extension:kernel-status`
- * makes it), with a model that knows the suspended states.
- */
-const kernelStatusPlugin: JupyterFrontEndPlugin<IKernelStatusModel> = {
-  id: 'jupyter-gpucr:kernel-status',
-  description:
-    "JupyterLab's kernel status in the status bar, saying when a kernel is suspended to disk.",
-  autoStart: true,
-  requires: [IStatusBar, IGpucrModel],
-  provides: IKernelStatusModel,
-  optional: [ISessionContextDialogs, ITranslator, ILabShell],
-  activate: (
-    app: JupyterFrontEnd,
-    statusBar: IStatusBar,
-    model: GpucrModel,
-    dialogs: ISessionContextDialogs | null,
-    translator: ITranslator | null,
-    labShell: ILabShell | null
-  ) => {
-    const selectKernel = async () => {
-      if (item.model.sessionContext) {
-        await dialogs?.selectKernel(item.model.sessionContext);
-      }
-    };
-    const item = new KernelStatus(
-      {
-        onClick: selectKernel,
-        onKeyDown: async event => {
-          if (['Enter', 'Spacebar', ' '].includes(event.key)) {
-            event.preventDefault();
-            event.stopPropagation();
-            return selectKernel();
-          }
-        }
-      },
-      translator ?? undefined
-    );
-    item.model = new GpucrKernelStatusModel(translator ?? undefined, model);
-    const providers = new Set<(w: Widget | null) => ISessionContext | null>();
-    const onTitle = (title: { label: string }) => {
-      item.model.activityName = title.label;
-    };
-    const onCurrent = (
-      _: unknown,
-      change: { oldValue: Widget | null; newValue: Widget | null }
-    ) => {
-      change.oldValue?.title.changed.disconnect(onTitle);
-      item.model.sessionContext =
-        [...providers].map(p => p(change.newValue)).find(c => c !== null) ??
-        null;
-      if (change.newValue && item.model.sessionContext) {
-        onTitle(change.newValue.title);
-        change.newValue.title.changed.connect(onTitle);
-      }
-    };
-    labShell?.currentChanged.connect(onCurrent);
-    statusBar.registerStatusItem(kernelStatusPlugin.id, {
-      priority: 1,
-      item,
-      align: 'left',
-      rank: 1,
-      isActive: () => item.model.sessionContext !== null
-    });
-    return {
-      addSessionProvider: provider => {
-        providers.add(provider);
-        if (app.shell.currentWidget) {
-          onCurrent(app.shell, {
-            newValue: app.shell.currentWidget,
-            oldValue: null
-          });
-        }
-      }
-    };
-  }
 };
 
 const plugin: JupyterFrontEndPlugin<void> = {

@@ -8,8 +8,9 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { PanelLayout, Widget } from '@lumino/widgets';
 
 import { resumeIcon, suspendIcon } from './icons';
-import { GpucrModel, IKernelTransition } from './model';
-import { describeKernelState } from './state';
+import { describeKernelState } from './messages';
+import { GpucrModel } from './model';
+import type { IKernelTransition } from './store';
 
 export class GpucrKernelIndicator extends Widget {
   constructor(options: GpucrKernelIndicator.IOptions) {

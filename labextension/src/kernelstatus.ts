@@ -8,7 +8,8 @@
 import { ISessionContext, KernelStatus } from '@jupyterlab/apputils';
 import { ITranslator } from '@jupyterlab/translation';
 
-import { GpucrModel, IKernelTransition } from './model';
+import { GpucrModel } from './model';
+import type { IKernelTransition } from './store';
 import type { KernelStateName } from './types';
 
 const WORDS: { [state in KernelStateName]?: string } = {

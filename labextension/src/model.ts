@@ -1,23 +1,20 @@
 /**
- * The model: REST calls to the gpucr server extension and the client-side
- * store of kernel states, checkpoints and GPUs that the views render.
+ * The model the views render: the kernel states (store.ts, kept current by
+ * polls, events and the replies to this browser's operations), the
+ * checkpoint, trash and GPU lists, and the operations themselves.
  *
  * Views never call the server themselves; they read this model and listen to
- * its signals.
+ * its signals. The requests go through the REST client (api.ts).
  */
-import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import type { IDisposable } from '@lumino/disposable';
+import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { GpucrClient, GpucrRequestError } from './api';
 import { timeValue } from './format';
-import {
-  emptyState,
-  isTransient,
-  mergeEvent,
-  PollOrder,
-  stateChanged
-} from './state';
+import { isTransient } from './state';
+import { IKernelTransition, KernelStore } from './store';
 import {
   ICheckpoint,
   IDoctorReport,
@@ -25,229 +22,10 @@ import {
   IKernelState,
   IKernelStateEvent,
   ITrashItem,
-  KERNEL_STATE_SCHEMA,
-  SuspendWhen
+  KERNEL_STATE_SCHEMA
 } from './types';
 
-export * from './types';
-
-/** The URL prefix of the REST API, relative to the server's base URL. */
-export const API_PREFIX = 'api/gpucr';
-
-/** An error answer of the REST API, with its HTTP status. */
-export class GpucrRequestError extends Error {
-  constructor(
-    message: string,
-    readonly status: number,
-    readonly reason: string | null = null,
-    readonly body: { [key: string]: unknown } | null = null
-  ) {
-    super(message);
-    this.name = 'GpucrRequestError';
-  }
-
-  /** Whether the server refused a suspend because the kernel runs a cell. */
-  get isBusy(): boolean {
-    return this.status === 409 && this.body?.error === 'KernelBusyError';
-  }
-
-  /** Whether a trashed kernel's id is taken by the fresh kernel of a restart. */
-  get isReplaced(): boolean {
-    return this.status === 409 && this.body?.error === 'KernelReplacedError';
-  }
-}
-
-/**
- * Call the gpucr REST API.
- *
- * @param endPoint path under `/api/gpucr/`, already URL-encoded
- * @param init request options (method, body)
- * @param settings server connection settings (token, XSRF, base URL)
- * @returns the decoded JSON answer, `undefined` for 204
- * @throws GpucrRequestError with the server's message on an HTTP error
- */
-export async function requestAPI<T>(
-  endPoint = '',
-  init: RequestInit = {},
-  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
-): Promise<T> {
-  const url = URLExt.join(settings.baseUrl, API_PREFIX, endPoint);
-  let response: Response;
-  try {
-    response = await ServerConnection.makeRequest(url, init, settings);
-  } catch (error) {
-    throw new ServerConnection.NetworkError(error as TypeError);
-  }
-  if (response.status === 204) {
-    return undefined as T;
-  }
-  const text = await response.text();
-  let data: any = text;
-  if (text.length > 0) {
-    try {
-      data = JSON.parse(text);
-    } catch {
-      // Not JSON (e.g. tornado's HTML 404 page): keep the text.
-    }
-  }
-  if (!response.ok) {
-    let message =
-      (data && typeof data === 'object' && (data.message || data.reason)) || '';
-    if (!message) {
-      message =
-        response.status === 404 && typeof data === 'string'
-          ? 'Not found (is the jupyter_gpucr server extension enabled?)'
-          : response.statusText || `HTTP ${response.status}`;
-    }
-    // jupyter_server writes {"message", "reason"}; gpucr adds "hint" (what to do).
-    const hint =
-      data && typeof data === 'object'
-        ? data.hint || data.reason || null
-        : null;
-    throw new GpucrRequestError(
-      String(message),
-      response.status,
-      hint ? String(hint) : null,
-      data && typeof data === 'object' ? data : null
-    );
-  }
-  return data as T;
-}
-
-function id(value: string): string {
-  return encodeURIComponent(value);
-}
-
-/** Thin typed client of the REST API (docs/rest-api.md). */
-export class GpucrClient {
-  constructor(
-    readonly serverSettings: ServerConnection.ISettings = ServerConnection.makeSettings()
-  ) {}
-
-  listKernels(): Promise<IKernelState[]> {
-    return requestAPI<IKernelState[]>('kernels', {}, this.serverSettings);
-  }
-
-  getKernel(kernelId: string): Promise<IKernelState> {
-    return requestAPI<IKernelState>(
-      `kernels/${id(kernelId)}`,
-      {},
-      this.serverSettings
-    );
-  }
-
-  suspend(
-    kernelId: string,
-    options: GpucrClient.ISuspendOptions = {}
-  ): Promise<IKernelState> {
-    const body: GpucrClient.ISuspendOptions = {};
-    if (options.engine) {
-      body.engine = options.engine;
-    }
-    if (options.when) {
-      body.when = options.when;
-    }
-    return requestAPI<IKernelState>(
-      `kernels/${id(kernelId)}/suspend`,
-      { method: 'POST', body: JSON.stringify(body) },
-      this.serverSettings
-    );
-  }
-
-  /** Cancel a pending suspend (`suspend-pending`). */
-  cancelSuspend(kernelId: string): Promise<IKernelState> {
-    return requestAPI<IKernelState>(
-      `kernels/${id(kernelId)}/suspend`,
-      { method: 'DELETE' },
-      this.serverSettings
-    );
-  }
-
-  resume(kernelId: string, gpu?: string | number): Promise<IKernelState> {
-    return requestAPI<IKernelState>(
-      `kernels/${id(kernelId)}/resume`,
-      {
-        method: 'POST',
-        body: JSON.stringify(gpu !== undefined ? { gpu: String(gpu) } : {})
-      },
-      this.serverSettings
-    );
-  }
-
-  listCheckpoints(): Promise<ICheckpoint[]> {
-    return requestAPI<ICheckpoint[]>('checkpoints', {}, this.serverSettings);
-  }
-
-  deleteCheckpoint(checkpointId: string): Promise<void> {
-    return requestAPI<void>(
-      `checkpoints/${id(checkpointId)}`,
-      { method: 'DELETE' },
-      this.serverSettings
-    );
-  }
-
-  listTrash(): Promise<ITrashItem[]> {
-    return requestAPI<ITrashItem[]>('trash', {}, this.serverSettings);
-  }
-
-  /** Put a trashed checkpoint back: its kernel is suspended again. */
-  restoreTrash(
-    trashId: string,
-    options: GpucrClient.IRestoreOptions = {}
-  ): Promise<IKernelState> {
-    return requestAPI<IKernelState>(
-      `trash/${id(trashId)}/restore`,
-      { method: 'POST', body: JSON.stringify(options) },
-      this.serverSettings
-    );
-  }
-
-  deleteTrash(trashId: string): Promise<void> {
-    return requestAPI<void>(
-      `trash/${id(trashId)}`,
-      { method: 'DELETE' },
-      this.serverSettings
-    );
-  }
-
-  listGpus(): Promise<IGpu[]> {
-    return requestAPI<IGpu[]>('gpus', {}, this.serverSettings);
-  }
-
-  doctor(): Promise<IDoctorReport> {
-    return requestAPI<IDoctorReport>('doctor', {}, this.serverSettings);
-  }
-}
-
-export namespace GpucrClient {
-  /** The body of `POST /api/gpucr/kernels/{id}/suspend`. */
-  export interface ISuspendOptions {
-    engine?: string;
-    when?: SuspendWhen;
-  }
-
-  /** The body of `POST /api/gpucr/trash/{id}/restore`. */
-  export interface IRestoreOptions {
-    /** Shut down the kernel that runs under the same id (a restart's fresh one) first. */
-    replace?: boolean;
-    /**
-     * Give the kernel its notebook sessions back (default); false when this
-     * client connects the notebook it has open itself.
-     */
-    sessions?: boolean;
-  }
-}
-
-/** A change of one kernel's state in the model. */
-export interface IKernelTransition {
-  kernelId: string;
-  previous: IKernelState | undefined;
-  current: IKernelState | undefined;
-}
-
-/** How long a local "restoring" guess survives polls that still say "suspended". */
-const RESTORE_GRACE_MS = 15000;
-/** Poll interval while an operation is in flight. */
+/** Poll interval while a kernel is suspending or restoring. */
 const FAST_POLL_MS = 1000;
 /** How often the views' shared clock (`GpucrModel.now`) advances. */
 const CLOCK_MS = 15000;
@@ -255,17 +33,35 @@ const CLOCK_MS = 15000;
 /**
  * The client-side store: kernel states (polled for the kernels the UI shows
  * and updated from the event bus), checkpoints and GPUs (polled while the
- * side panel is visible).
+ * side panel is visible). Polls stand by while the page is hidden.
  */
 export class GpucrModel implements IDisposable {
-  constructor(options: GpucrModel.IOptions = {}) {
+  constructor(options: GpucrModel.IOptions) {
     this.client = options.client ?? new GpucrClient(options.serverSettings);
+    this.trashHours = options.trashHours;
     this._pollInterval = options.pollInterval ?? 3000;
+    this._store.changed.connect(this._onKernelChanged, this);
+    this._poll = new Poll({
+      name: 'jupyter-gpucr:kernels',
+      factory: () => this._tick(),
+      frequency: {
+        interval: this._pollInterval,
+        backoff: false,
+        max: Poll.MAX_INTERVAL
+      },
+      standby: 'when-hidden'
+    });
     this._clock = setInterval(() => {
       this._now = new Date();
       this._ticked.emit();
     }, CLOCK_MS);
   }
+
+  /** The REST client. */
+  readonly client: GpucrClient;
+
+  /** Hours a shut down or restarted kernel's saved state stays in the trash (`c.GPUCR.trash_hours`). */
+  readonly trashHours: number;
 
   /**
    * The time every view says "… ago" from: one clock, advanced every 15 s,
@@ -279,9 +75,6 @@ export class GpucrModel implements IDisposable {
   get ticked(): ISignal<this, void> {
     return this._ticked;
   }
-
-  /** The REST client. */
-  readonly client: GpucrClient;
 
   /** Emitted when one kernel's state changes, from any source. */
   get kernelChanged(): ISignal<this, IKernelTransition> {
@@ -300,11 +93,11 @@ export class GpucrModel implements IDisposable {
 
   /** Known kernel states by kernel id. */
   get kernels(): ReadonlyMap<string, IKernelState> {
-    return this._kernels;
+    return this._store.kernels;
   }
 
   getKernel(kernelId: string | null | undefined): IKernelState | undefined {
-    return kernelId ? this._kernels.get(kernelId) : undefined;
+    return kernelId ? this._store.get(kernelId) : undefined;
   }
 
   get checkpoints(): ReadonlyArray<ICheckpoint> {
@@ -340,7 +133,7 @@ export class GpucrModel implements IDisposable {
   }
   set pollInterval(value: number) {
     this._pollInterval = Math.max(500, value);
-    this._schedule();
+    this._pace();
   }
 
   get isDisposed(): boolean {
@@ -349,7 +142,7 @@ export class GpucrModel implements IDisposable {
 
   /** Whether an operation started from this browser is in flight. */
   isBusy(kernelId: string): boolean {
-    return this._inflight.has(kernelId);
+    return this._store.isBusy(kernelId);
   }
 
   /** Set the kernels to poll (the current notebook's, for the status bar). */
@@ -360,7 +153,6 @@ export class GpucrModel implements IDisposable {
     for (const k of added) {
       void this.refreshKernel(k);
     }
-    this._schedule();
   }
 
   /** Poll the checkpoint and GPU lists (while the side panel is visible). */
@@ -372,27 +164,22 @@ export class GpucrModel implements IDisposable {
     if (active) {
       void this.refreshLists();
     }
-    this._schedule();
   }
 
   /** Fetch one kernel's state now. */
   async refreshKernel(kernelId: string): Promise<IKernelState | undefined> {
-    const asked = this._order.ask();
+    const asked = this._store.ask();
     try {
       const state = await this.client.getKernel(kernelId);
       this._available = true;
-      this._applyPolled(kernelId, state, asked);
+      this._store.applyPolled(kernelId, state, asked);
     } catch (error) {
-      if (
-        error instanceof GpucrRequestError &&
-        error.status === 404 &&
-        !this._order.isStale(kernelId, asked)
-      ) {
-        this._setState(kernelId, undefined);
+      if (error instanceof GpucrRequestError && error.status === 404) {
+        this._store.applyGone(kernelId, asked);
       }
       // Network errors: keep the last known state.
     }
-    return this._kernels.get(kernelId);
+    return this._store.get(kernelId);
   }
 
   /**
@@ -401,7 +188,7 @@ export class GpucrModel implements IDisposable {
    */
   async refreshKernels(): Promise<string | null> {
     let states: IKernelState[];
-    const asked = this._order.ask();
+    const asked = this._store.ask();
     try {
       states = await this.client.listKernels();
     } catch (error) {
@@ -414,20 +201,7 @@ export class GpucrModel implements IDisposable {
       return null;
     }
     this._available = true;
-    const seen = new Set<string>();
-    for (const state of states) {
-      seen.add(state.kernel_id);
-      this._applyPolled(state.kernel_id, state, asked);
-    }
-    for (const kernelId of [...this._kernels.keys()]) {
-      if (
-        !seen.has(kernelId) &&
-        !this._inflight.has(kernelId) &&
-        !this._order.isStale(kernelId, asked)
-      ) {
-        this._setState(kernelId, undefined);
-      }
-    }
+    this._store.applyList(states, asked);
     return null;
   }
 
@@ -503,31 +277,19 @@ export class GpucrModel implements IDisposable {
     kernelId: string,
     options: GpucrClient.ISuspendOptions = {}
   ): Promise<IKernelState> {
-    if (this._inflight.has(kernelId)) {
-      throw new Error('An operation on this kernel is already in progress.');
-    }
-    this._inflight.set(kernelId, 'suspend');
-    const previous = this._kernels.get(kernelId);
-    if (options.when !== 'idle') {
-      this._setState(kernelId, {
-        ...(previous ?? emptyState(kernelId)),
-        state: 'suspending',
-        progress: null,
-        error: null
-      });
-    }
-    this._schedule();
+    const previous = this._store.begin(
+      kernelId,
+      'suspend',
+      options.when === 'idle' ? null : 'suspending'
+    );
     try {
       const state = await this.client.suspend(kernelId, options);
-      this._inflight.delete(kernelId);
-      this._setState(kernelId, Private.normalize(kernelId, state));
-      return this._kernels.get(kernelId)!;
+      this._store.end(kernelId);
+      return this._store.applyReply(kernelId, state);
     } catch (error) {
-      this._inflight.delete(kernelId);
+      this._store.end(kernelId);
       if (error instanceof GpucrRequestError && error.isBusy) {
-        if (previous) {
-          this._setState(kernelId, previous);
-        }
+        this._store.putBack(kernelId, previous);
       } else {
         await this._afterFailure(kernelId, 'running', error as Error);
       }
@@ -540,9 +302,9 @@ export class GpucrModel implements IDisposable {
   /** Cancel a pending suspend: the kernel keeps running. */
   async cancelSuspend(kernelId: string): Promise<IKernelState> {
     const state = await this.client.cancelSuspend(kernelId);
-    this._setState(kernelId, Private.normalize(kernelId, state));
+    const current = this._store.applyReply(kernelId, state);
     this._afterOperation();
-    return this._kernels.get(kernelId)!;
+    return current;
   }
 
   /** Put a trashed checkpoint back; its kernel is suspended again. */
@@ -551,9 +313,9 @@ export class GpucrModel implements IDisposable {
     options: GpucrClient.IRestoreOptions = {}
   ): Promise<IKernelState> {
     const state = await this.client.restoreTrash(trashId, options);
-    this._setState(state.kernel_id, Private.normalize(state.kernel_id, state));
+    const restored = this._store.applyReply(state.kernel_id, state);
     await this.refreshLists();
-    return this._kernels.get(state.kernel_id)!;
+    return this._store.get(state.kernel_id) ?? restored;
   }
 
   /** Delete a trashed checkpoint for good. */
@@ -566,25 +328,13 @@ export class GpucrModel implements IDisposable {
 
   /** Resume a suspended kernel (the server picks a GPU unless `gpu` is given). */
   async resume(kernelId: string, gpu?: string | number): Promise<IKernelState> {
-    if (this._inflight.has(kernelId)) {
-      throw new Error('An operation on this kernel is already in progress.');
-    }
-    this._inflight.set(kernelId, 'resume');
-    const previous = this._kernels.get(kernelId);
-    this._setState(kernelId, {
-      ...(previous ?? emptyState(kernelId)),
-      state: 'restoring',
-      progress: null,
-      error: null
-    });
-    this._schedule();
+    this._store.begin(kernelId, 'resume', 'restoring');
     try {
       const state = await this.client.resume(kernelId, gpu);
-      this._inflight.delete(kernelId);
-      this._setState(kernelId, Private.normalize(kernelId, state));
-      return this._kernels.get(kernelId)!;
+      this._store.end(kernelId);
+      return this._store.applyReply(kernelId, state);
     } catch (error) {
-      this._inflight.delete(kernelId);
+      this._store.end(kernelId);
       await this._afterFailure(kernelId, 'suspended', error as Error);
       throw error;
     } finally {
@@ -606,18 +356,7 @@ export class GpucrModel implements IDisposable {
    * away, poll fast, and do not let a poll that raced the server undo it.
    */
   markRestoring(kernelId: string): void {
-    const current = this._kernels.get(kernelId);
-    if (!current || current.state !== 'suspended') {
-      return;
-    }
-    this._restoreGuess.set(kernelId, Date.now() + RESTORE_GRACE_MS);
-    this._setState(kernelId, {
-      ...current,
-      state: 'restoring',
-      progress: null,
-      error: null
-    });
-    this._schedule();
+    this._store.markRestoring(kernelId);
   }
 
   /**
@@ -633,10 +372,7 @@ export class GpucrModel implements IDisposable {
       return true;
     }
     this._available = true;
-    this._order.event(data.kernel_id);
-    this._restoreGuess.delete(data.kernel_id);
-    const previous = this._kernels.get(data.kernel_id);
-    this._setState(data.kernel_id, mergeEvent(previous, data));
+    this._store.applyEvent(data);
     if (!isTransient(data.state)) {
       // The event carries no size/GPU: fetch the full state.
       void this.refreshKernel(data.kernel_id);
@@ -644,7 +380,6 @@ export class GpucrModel implements IDisposable {
         void this.refreshLists();
       }
     }
-    this._schedule();
     return true;
   }
 
@@ -654,127 +389,79 @@ export class GpucrModel implements IDisposable {
     }
     this._isDisposed = true;
     clearInterval(this._clock);
-    if (this._timer !== null) {
-      clearTimeout(this._timer);
-      this._timer = null;
-    }
+    this._poll.dispose();
+    this._store.dispose();
     Signal.clearData(this);
   }
 
-  private _applyPolled(
-    kernelId: string,
-    state: IKernelState,
-    asked: number
-  ): void {
-    if (this._order.isStale(kernelId, asked)) {
-      return; // an event told something newer meanwhile; the next poll follows
-    }
-    const normalized = Private.normalize(kernelId, state);
-    const op = this._inflight.get(kernelId);
-    if (op && !isTransient(normalized.state)) {
-      // The POST in flight decides the final state; a poll that raced it
-      // (still "running" before the server marked it "suspending") must not
-      // flip the status bar back and forth.
-      return;
-    }
-    const guess = this._restoreGuess.get(kernelId);
-    if (guess !== undefined) {
-      if (
-        normalized.state === 'suspended' &&
-        !normalized.error &&
-        Date.now() < guess
-      ) {
-        return;
-      }
-      this._restoreGuess.delete(kernelId);
-    }
-    this._setState(kernelId, normalized);
-  }
-
+  /** A failed operation: the state the server has now, with the failure's message. */
   private async _afterFailure(
     kernelId: string,
     fallback: 'running' | 'suspended',
     error: Error
   ): Promise<void> {
-    let state: IKernelState | undefined;
+    let fetched: IKernelState | undefined;
     try {
-      state = Private.normalize(
-        kernelId,
-        await this.client.getKernel(kernelId)
-      );
+      fetched = await this.client.getKernel(kernelId);
     } catch {
-      state = undefined;
+      fetched = undefined;
     }
-    const previous = this._kernels.get(kernelId);
-    const base = state ?? {
-      ...(previous ?? emptyState(kernelId)),
-      state: fallback,
-      progress: null
-    };
-    if (!base.error && !isTransient(base.state)) {
-      base.error = error.message || String(error);
-      if (error instanceof GpucrRequestError && error.reason && !base.hint) {
-        base.hint = error.reason;
-      }
-    }
-    this._setState(kernelId, base);
+    const hint = error instanceof GpucrRequestError ? error.reason : null;
+    this._store.applyFailure(
+      kernelId,
+      fetched,
+      fallback,
+      error.message || String(error),
+      hint
+    );
   }
 
   private _afterOperation(): void {
-    this._schedule();
     if (this._listsActive) {
       void this.refreshLists();
     }
   }
 
-  private _setState(kernelId: string, next: IKernelState | undefined): void {
-    const previous = this._kernels.get(kernelId);
-    if (!stateChanged(previous, next)) {
-      return;
-    }
-    if (next) {
-      this._kernels.set(kernelId, next);
-    } else {
-      this._kernels.delete(kernelId);
-    }
-    this._kernelChanged.emit({ kernelId, previous, current: next });
+  private _onKernelChanged(_: KernelStore, change: IKernelTransition): void {
+    this._kernelChanged.emit(change);
     this._changed.emit();
+    this._pace();
   }
 
-  /** (Re)arm the poll timer: fast while an operation runs, else pollInterval. */
-  private _schedule(): void {
+  /**
+   * Poll every second while a kernel is suspending or restoring, else every
+   * `pollInterval`; a faster pace starts now, not after the slower interval.
+   */
+  private _pace(): void {
     if (this._isDisposed) {
       return;
     }
-    if (this._timer !== null) {
-      clearTimeout(this._timer);
-      this._timer = null;
-    }
-    const transient = [...this._kernels.values()].some(k =>
-      isTransient(k.state)
-    );
-    const delay = transient ? FAST_POLL_MS : this._pollInterval;
-    this._timer = setTimeout(() => {
-      this._timer = null;
-      void this._tick().finally(() => this._schedule());
-    }, delay);
-  }
-
-  private async _tick(): Promise<void> {
-    if (typeof document !== 'undefined' && document.hidden) {
+    const interval = this._store.anyTransient
+      ? FAST_POLL_MS
+      : this._pollInterval;
+    const current = this._poll.frequency.interval;
+    if (interval === current) {
       return;
     }
+    this._poll.frequency = { ...this._poll.frequency, interval };
+    if (interval < current) {
+      void this._poll.schedule({ interval, phase: 'refreshed' });
+    }
+  }
+
+  /** One poll: every kernel (and the lists while the side panel shows them). */
+  private async _tick(): Promise<void> {
     // Watched kernels the list does not have yet (just started) are
     // fetched one by one.
-    const unknown = [...this._watched].filter(k => !this._kernels.has(k));
+    const unknown = [...this._watched].filter(k => !this._store.get(k));
     await Promise.allSettled([
       this._listsActive ? this.refreshLists() : this.refreshKernels(),
       ...unknown.map(k => this.refreshKernel(k))
     ]);
   }
 
+  private _store = new KernelStore();
   private _available: boolean | null = null;
-  private _kernels = new Map<string, IKernelState>();
   private _checkpoints: ICheckpoint[] = [];
   private _trash: ITrashItem[] = [];
   private _gpus: IGpu[] = [];
@@ -783,11 +470,8 @@ export class GpucrModel implements IDisposable {
   private _listsLoaded = false;
   private _listsActive = false;
   private _watched = new Set<string>();
-  private _inflight = new Map<string, 'suspend' | 'resume'>();
-  private _restoreGuess = new Map<string, number>();
-  private _order = new PollOrder();
   private _pollInterval: number;
-  private _timer: ReturnType<typeof setTimeout> | null = null;
+  private _poll: Poll;
   private _isDisposed = false;
   private _kernelChanged = new Signal<this, IKernelTransition>(this);
   private _changed = new Signal<this, void>(this);
@@ -798,39 +482,11 @@ export class GpucrModel implements IDisposable {
 
 export namespace GpucrModel {
   export interface IOptions {
+    /** Hours the server keeps a shut down kernel's saved state in the trash. */
+    trashHours: number;
     client?: GpucrClient;
     serverSettings?: ServerConnection.ISettings;
     /** Poll interval in milliseconds. */
     pollInterval?: number;
-  }
-}
-
-namespace Private {
-  /** Fill in the optional fields so that states compare reliably. */
-  export function normalize(
-    kernelId: string,
-    state: IKernelState
-  ): IKernelState {
-    return {
-      kernel_id: state.kernel_id ?? kernelId,
-      state: state.state,
-      kind: state.kind ?? 'cpu',
-      engine: state.engine ?? null,
-      engine_reason: state.engine_reason ?? null,
-      checkpoint: state.checkpoint ?? null,
-      gpu: state.gpu ?? null,
-      progress: state.progress ?? null,
-      notebook_path: state.notebook_path ?? null,
-      suspended_at: state.suspended_at ?? null,
-      pending_since: state.pending_since ?? null,
-      restored_at: state.restored_at ?? null,
-      suspended_for: state.suspended_for ?? null,
-      lost: state.lost ?? [],
-      warnings: state.warnings ?? [],
-      error: state.error || null,
-      hint: state.hint || null,
-      trim: state.trim ?? null,
-      timings: state.timings ?? null
-    };
   }
 }

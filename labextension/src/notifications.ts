@@ -4,14 +4,13 @@
  * another tab, the idle culler, or a cell run in a suspended kernel), and
  * when a suspend is refused because a cell runs.
  *
- * Messages fit a toast (state.ts: TOAST_MAX); details are behind an action.
+ * Messages fit a toast (messages.ts: TOAST_MAX); details are behind an action.
  * A notice that no longer applies (a refusal once the kernel is idle or
  * suspended, a failure once the next operation starts) is dismissed.
  */
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { CommandRegistry } from '@lumino/commands';
 
-import { GpucrModel, IKernelTransition } from './model';
 import {
   busyNotice,
   debuggerNotice,
@@ -20,8 +19,10 @@ import {
   kernelLabel,
   NoticeAction,
   transitionNotice,
-  TRASH_HOURS
-} from './state';
+  trashedNotice
+} from './messages';
+import { GpucrModel } from './model';
+import type { IKernelTransition } from './store';
 import { CommandIDs } from './tokens';
 
 export class GpucrNotifier {
@@ -66,12 +67,7 @@ export class GpucrNotifier {
 
   /** Say that a suspended kernel was shut down and where its saved state went. */
   trashed(kernelId: string, label: string): void {
-    this.show(kernelId, {
-      type: 'info',
-      message: `${label} was shut down; its saved state is in the trash for ${TRASH_HOURS} h.`,
-      actions: ['open-panel'],
-      autoClose: 8000
-    });
+    this.show(kernelId, trashedNotice(label, this._model.trashHours));
   }
 
   /** Say that a suspend was refused because a cell runs, and what to do. */

@@ -15,22 +15,16 @@ import * as React from 'react';
 import { formatBytes, formatDate, formatProgress, formatSince } from './format';
 import { gpuIcon } from './icons';
 import {
-  GpucrModel,
-  ICheckpoint,
-  IGpu,
-  IKernelState,
-  ITrashItem
-} from './model';
-import {
   describeKernelState,
   doctorHeadline,
   engineLabel,
-  groupForPanel,
-  isTransient,
   kernelLabel,
   kindLabel
-} from './state';
+} from './messages';
+import { GpucrModel } from './model';
+import { groupForPanel, isTransient } from './state';
 import { CommandIDs } from './tokens';
+import type { ICheckpoint, IGpu, IKernelState, ITrashItem } from './types';
 
 export class GpucrPanel extends ReactWidget {
   constructor(options: GpucrPanel.IOptions) {
@@ -194,7 +188,7 @@ export class GpucrPanel extends ReactWidget {
               </button>
               <button
                 className="jp-mod-styled jp-mod-warn jp-gpucr-shutdown"
-                title="Shut the kernel down; its saved state goes to the trash for a day"
+                title={`Shut the kernel down; its saved state goes to the trash for ${this._model.trashHours} h`}
                 onClick={run(CommandIDs.shutdownKernel)}
               >
                 Shut down

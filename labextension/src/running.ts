@@ -10,9 +10,9 @@ import { Signal } from '@lumino/signaling';
 
 import { formatBytes, formatSince } from './format';
 import { suspendIcon } from './icons';
+import { describeKernelState, IShutdownLine, kernelLabel } from './messages';
 import { GpucrModel } from './model';
 import { KernelShutdowns } from './shutdown';
-import { describeKernelState, IShutdownLine, kernelLabel } from './state';
 import { CommandIDs } from './tokens';
 import type { IKernelState } from './types';
 

@@ -9,15 +9,16 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { ServerConnection, Session } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { GpucrModel, GpucrRequestError } from './model';
-import type { IKernelShutdown } from './shutdownguard';
+import { GpucrRequestError } from './api';
 import {
   IShutdownLine,
   plainError,
   shutdownLines,
   shutdownQuestion,
   shutdownSummary
-} from './state';
+} from './messages';
+import { GpucrModel } from './model';
+import type { IKernelShutdown } from './shutdownguard';
 
 export class KernelShutdowns {
   constructor(options: KernelShutdowns.IOptions) {
@@ -32,7 +33,8 @@ export class KernelShutdowns {
         kernelId,
         label: label(kernelId),
         state: model.getKernel(kernelId)
-      }))
+      })),
+      model.trashHours
     );
   }
 
@@ -91,7 +93,11 @@ export class KernelShutdowns {
       }
     }
     void this._options.model.refreshLists();
-    const summary = shutdownSummary(done, failed);
+    const summary = shutdownSummary(
+      done,
+      failed,
+      this._options.model.trashHours
+    );
     const actions: Notification.IAction[] = [];
     if (summary.trashed) {
       actions.push({

@@ -11,7 +11,7 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Kernel } from '@jupyterlab/services';
 
 import { GpucrModel } from './model';
-import { trashWarning } from './state';
+import { trashWarning } from './messages';
 import type { IKernelState } from './types';
 
 export interface IKernelShutdown {
@@ -19,14 +19,18 @@ export interface IKernelShutdown {
   shutdownAll(): Promise<void>;
 }
 
-/** The question before a suspended kernel is shut down; true to go on. */
+/**
+ * The question before a suspended kernel is shut down; true to go on.
+ * `hours`: how long the trash keeps its saved state.
+ */
 export async function confirmTrash(
   state: IKernelState,
-  label: (kernelId: string) => string
+  label: (kernelId: string) => string,
+  hours: number
 ): Promise<boolean> {
   const result = await showDialog({
     title: 'Shut down the suspended kernel?',
-    body: trashWarning(label(state.kernel_id), state),
+    body: trashWarning(label(state.kernel_id), state, hours),
     buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Shut Down' })]
   });
   return result.button.accept;
@@ -60,7 +64,7 @@ export function guardKernelShutdown(options: {
     if (!state) {
       return unguarded.shutdown(id);
     }
-    if (!(await confirmTrash(state, label))) {
+    if (!(await confirmTrash(state, label, model.trashHours))) {
       return;
     }
     const name = label(id);

@@ -1,50 +1,18 @@
 /**
- * Kernel state logic, apart from any widget: what the status bar says for a
- * state, how an event updates a state, which transitions deserve a
- * notification, what the dialogs say, and how the side panel groups kernels,
- * checkpoints and the trash.
+ * Kernel state logic, apart from any widget and any words: how an event
+ * updates a state, what can be done in a state, which transition happened
+ * (messages.ts says it in words), and how the side panel groups kernels and
+ * checkpoints.
  *
  * Pure functions, unit-tested in src/__tests__/state.test.ts.
  */
-import {
-  basename,
-  formatBytes,
-  formatClock,
-  formatDate,
-  formatDuration,
-  formatProgress,
-  formatSeconds,
-  formatSince,
-  parseTime,
-  truncate
-} from './format';
+import { parseTime } from './format';
 import type {
   ICheckpoint,
-  IDoctorReport,
   IKernelState,
   IKernelStateEvent,
-  ILostItem,
   KernelStateName
 } from './types';
-
-/** JupyterLab cuts notification messages at this many characters. */
-export const TOAST_MAX = 140;
-
-/** How long the server keeps a shut down kernel's checkpoint in the trash, by default. */
-export const TRASH_HOURS = 24;
-
-/** The visual kind of a status, used as a CSS modifier. */
-export type StatusKind = 'gpu' | 'cpu' | 'busy' | 'suspended' | 'error';
-
-/** What the status bar shows for one kernel. */
-export interface IStatusDescription {
-  /** Short text for the status bar. */
-  label: string;
-  /** Longer text for the tooltip. */
-  title: string;
-  /** CSS modifier. */
-  kind: StatusKind;
-}
 
 /** A kernel state with nothing known yet but its id and state. */
 export function emptyState(
@@ -91,144 +59,9 @@ export function canResume(state: IKernelState | null | undefined): boolean {
   return !!state && state.state === 'suspended';
 }
 
-/** Plain words for an engine: `whole process` (criu), `saved variables` (snapshot). */
-export function engineLabel(engine: string | null | undefined): string {
-  switch (engine) {
-    case 'criu':
-      return 'whole process';
-    case 'snapshot':
-      return 'saved variables';
-    default:
-      return engine ?? '';
-  }
-}
-
-/** What a kernel or checkpoint holds: `CPU`, or the GPU model (`GPU` when unknown). */
-export function kindLabel(
-  kind: string | null | undefined,
-  gpuModel?: string | null
-): string {
-  if (kind === 'gpu' || gpuModel) {
-    return gpuModel || 'GPU';
-  }
-  return 'CPU';
-}
-
-/**
- * Describe a kernel state for the status bar.
- *
- * `running` on a GPU: `GPU 0 · NVIDIA H200 · 5.7 GiB`; without one: `CPU`;
- * `suspend-pending`: `Suspend after this cell`; `suspending`/`restoring`
- * with progress; `suspended` with the checkpoint size and how long ago; the
- * last error, if any, is flagged with `⚠`.
- */
-export function describeKernelState(
-  state: IKernelState,
-  now: Date = new Date()
-): IStatusDescription {
-  const error = state.error ? state.error.trim() : '';
-  switch (state.state) {
-    case 'running': {
-      let label: string;
-      let title: string;
-      let kind: StatusKind;
-      if (state.gpu) {
-        const gpu = state.gpu;
-        const mem =
-          typeof gpu.memory_used === 'number'
-            ? ` · ${formatBytes(gpu.memory_used)}`
-            : '';
-        label = `GPU ${gpu.index} · ${gpu.name}${mem}`;
-        title =
-          `Kernel runs on GPU ${gpu.index} (${gpu.name}` +
-          (gpu.uuid ? `, ${gpu.uuid}` : '') +
-          ')' +
-          (typeof gpu.memory_used === 'number'
-            ? `, using ${formatBytes(gpu.memory_used)} of GPU memory.`
-            : '.');
-        kind = 'gpu';
-      } else {
-        label = 'CPU';
-        title = 'Kernel runs without a GPU.';
-        kind = 'cpu';
-      }
-      title += ' Suspend it to disk to free its memory.';
-      if (error) {
-        label += ' · ⚠ suspend failed';
-        title += `\nThe last suspend failed: ${error}`;
-        if (state.hint) {
-          title += `\n${state.hint}`;
-        }
-        kind = 'error';
-      }
-      return { label, title, kind };
-    }
-    case 'suspend-pending': {
-      const since = formatSince(state.pending_since ?? null, now);
-      return {
-        label: 'Suspend after this cell',
-        title:
-          'The kernel is suspended to disk as soon as the running cell ' +
-          `finishes${since ? ` (asked ${since})` : ''}. Cancel keeps it running.`,
-        kind: 'busy'
-      };
-    }
-    case 'suspending': {
-      const progress = formatProgress(state.progress, state.kind);
-      return {
-        label: truncate(`Suspending… ${progress}`.trim(), 60),
-        title: `Suspending the kernel to disk${progress ? `: ${progress}` : ''}.`,
-        kind: 'busy'
-      };
-    }
-    case 'restoring': {
-      const progress = formatProgress(state.progress, state.kind);
-      return {
-        label: truncate(`Restoring… ${progress}`.trim(), 60),
-        title: `Restoring the kernel from disk${progress ? `: ${progress}` : ''}. Cells run as soon as it is back.`,
-        kind: 'busy'
-      };
-    }
-    case 'suspended': {
-      const size = state.checkpoint?.size;
-      const savedAt = state.suspended_at ?? state.checkpoint?.created ?? null;
-      const since = formatSince(savedAt, now);
-      const parts = ['Suspended'];
-      if (typeof size === 'number') {
-        parts.push(`${formatBytes(size)} on disk`);
-      }
-      if (since) {
-        parts.push(since);
-      }
-      let label = parts.join(' · ');
-      const details = [
-        typeof size === 'number' ? formatBytes(size) : '',
-        engineLabel(state.checkpoint?.engine ?? state.engine),
-        kindLabel(state.kind, state.checkpoint?.gpu_model)
-      ].filter(Boolean);
-      let title =
-        'Kernel is suspended to disk, no process runs' +
-        (details.length ? ` (${details.join(', ')})` : '') +
-        (savedAt ? `, since ${formatDate(savedAt)}` : '') +
-        '. Run a cell or click Resume to bring it back.';
-      let kind: StatusKind = 'suspended';
-      if (error) {
-        label += ' · ⚠ restore failed';
-        title += `\nThe last restore failed: ${error}`;
-        if (state.hint) {
-          title += `\n${state.hint}`;
-        }
-        kind = 'error';
-      }
-      return { label, title, kind };
-    }
-    default:
-      return {
-        label: String((state as IKernelState).state ?? 'unknown'),
-        title: 'Unknown kernel state.',
-        kind: 'cpu'
-      };
-  }
+/** Whether a kernel's saved state goes to the trash when it is shut down. */
+export function isOnDisk(state: IKernelState | null | undefined): boolean {
+  return state?.state === 'suspended' || state?.state === 'suspending';
 }
 
 /**
@@ -300,92 +133,6 @@ export function mergeEvent(
   return next;
 }
 
-/** What a notification offers. */
-export type NoticeAction =
-  | 'retry-suspend'
-  | 'suspend-snapshot'
-  | 'suspend-when-idle'
-  | 'interrupt-and-suspend'
-  | 'cancel-suspend'
-  | 'retry-resume'
-  | 'resume'
-  | 'resume-other-gpu'
-  | 'details'
-  | 'open-panel'
-  | 'doctor';
-
-/** A notification to show. */
-export interface INotice {
-  type: 'success' | 'error' | 'warning' | 'info';
-  message: string;
-  actions: NoticeAction[];
-  /** Close by itself (milliseconds), or stay until closed or no longer true. */
-  autoClose: number | false;
-}
-
-/** A name short enough for a notification. */
-function shortName(label: string): string {
-  return truncate(label, 48);
-}
-
-/** `msg` fitted to a toast: never longer than TOAST_MAX. */
-export function fitToast(msg: string): string {
-  return truncate(msg, TOAST_MAX);
-}
-
-/**
- * What the last restore did not bring back, for a sentence:
- * `gen (generator), f (file) and 2 more`; `''` when nothing was lost.
- */
-export function formatLost(lost: ILostItem[] | null | undefined, max = 40) {
-  if (!lost || !lost.length) {
-    return '';
-  }
-  const items = lost.map(l => (l.type ? `${l.name} (${l.type})` : l.name));
-  let text = items[0];
-  let shown = 1;
-  while (shown < items.length && (text + ', ' + items[shown]).length <= max) {
-    text += ', ' + items[shown];
-    shown++;
-  }
-  const rest = items.length - shown;
-  return rest ? `${text} and ${rest} more` : text;
-}
-
-/**
- * The notice after a restore, from the REST/event fields: `train.ipynb was
- * restored from disk after 3 min (onto GPU 1); not kept: gen (generator)`.
- */
-export function restoredNotice(current: IKernelState, label: string): INotice {
-  const after =
-    typeof current.suspended_for === 'number'
-      ? ` after ${formatDuration(current.suspended_for)}`
-      : '';
-  const where = current.gpu ? `onto GPU ${current.gpu.index}` : 'onto the CPU';
-  const lost = formatLost(current.lost);
-  return {
-    type: lost ? 'warning' : 'success',
-    message: fitToast(
-      `${shortName(label)} was restored from disk${after} (${where})` +
-        (lost ? `; not kept: ${lost}` : '.')
-    ),
-    actions: lost ? ['details'] : [],
-    autoClose: lost ? false : 6000
-  };
-}
-
-/** The notice when a suspended kernel was restarted instead of restored. */
-export function restartedNotice(label: string): INotice {
-  return {
-    type: 'info',
-    message:
-      `${shortName(label)} restarted as a fresh kernel: its variables are ` +
-      'gone. The saved state is in the trash.',
-    actions: ['open-panel'],
-    autoClose: 10000
-  };
-}
-
 /**
  * Whether a kernel message is the refusal of a suspended kernel to start
  * its debugger (gpucr answers `initialize` from disk with success false).
@@ -402,26 +149,6 @@ export function isDebuggerRefusal(msg: {
   );
 }
 
-/** The notice when the debugger was turned on for a suspended kernel. */
-export function debuggerNotice(label: string): INotice {
-  return {
-    type: 'warning',
-    message: `The debugger needs ${shortName(label)} running: run a cell in it or resume it, then turn the debugger on again.`,
-    actions: ['resume'],
-    autoClose: false
-  };
-}
-
-/** The notice when a suspend was refused because a cell runs. */
-export function busyNotice(label: string): INotice {
-  return {
-    type: 'warning',
-    message: `${shortName(label)} is running a cell, so it was not suspended.`,
-    actions: ['suspend-when-idle', 'interrupt-and-suspend'],
-    autoClose: false
-  };
-}
-
 function timesDiffer(a: unknown, b: unknown): boolean {
   const ta = parseTime((a as string | number | null | undefined) ?? null);
   const tb = parseTime((b as string | number | null | undefined) ?? null);
@@ -429,49 +156,43 @@ function timesDiffer(a: unknown, b: unknown): boolean {
 }
 
 /**
- * The notification, if any, for a kernel going from `previous` to `current`.
- *
- * `label` names the kernel for the user (its notebook, or its id).
- * The first observation of a kernel (`previous` undefined) never notifies.
- * Messages fit a toast (TOAST_MAX); the full error and hint are behind the
- * Details action and in the status bar's tooltip.
+ * What happened between two states of a kernel that deserves a notification
+ * (messages.ts: `transitionNotice` says it).
  */
-export function transitionNotice(
+export type Transition =
+  /** The suspend failed; the kernel keeps running. */
+  | 'suspend-failed'
+  /** The restore failed; the saved state is kept. */
+  | 'restore-failed'
+  /** A suspend finished and its new checkpoint is known. */
+  | 'suspended'
+  /** The kernel is suspended once its cell finishes. */
+  | 'pending'
+  /** The pending suspend was cancelled. */
+  | 'pending-cancelled'
+  /** The kernel came back from disk. */
+  | 'restored'
+  /** The suspended kernel was restarted instead of restored. */
+  | 'restarted';
+
+/**
+ * Which transition, if any, a kernel made from `previous` to `current`.
+ * The first observation of a kernel (`previous` undefined) is none.
+ */
+export function transitionOf(
   previous: IKernelState | undefined,
-  current: IKernelState,
-  label: string
-): INotice | null {
+  current: IKernelState
+): Transition | null {
   if (!previous) {
     return null;
   }
-  const name = shortName(label || current.kernel_id.slice(0, 8));
   const error = current.error ? current.error.trim() : '';
-  const hint = current.hint ? current.hint.trim() : '';
   if (error && error !== (previous.error ?? '').trim()) {
     if (current.state === 'running') {
-      const actions: NoticeAction[] = ['details', 'retry-suspend'];
-      if (/snapshot/i.test(hint) && !/not wired/i.test(error + hint)) {
-        actions.push('suspend-snapshot');
-      }
-      actions.push('doctor');
-      return {
-        type: 'error',
-        message: fitToast(
-          `Suspend of ${name} failed; it keeps running. ${sentence(error)}`
-        ),
-        actions,
-        autoClose: false
-      };
+      return 'suspend-failed';
     }
     if (current.state === 'suspended') {
-      return {
-        type: 'error',
-        message: fitToast(
-          `Restore of ${name} failed; its saved state is kept. ${sentence(error)}`
-        ),
-        actions: ['details', 'retry-resume', 'resume-other-gpu'],
-        autoClose: false
-      };
+      return 'restore-failed';
     }
   }
   const was = previous.state;
@@ -480,121 +201,29 @@ export function transitionNotice(
     !!current.checkpoint?.id &&
     current.checkpoint.id !== previous.checkpoint?.id;
   if (now === 'suspended' && newCheckpoint && was !== 'restoring') {
-    return suspendedNotice(current, name);
+    return 'suspended';
   }
   if (was === now) {
     return null;
   }
   if (now === 'suspend-pending' && was === 'running') {
-    return {
-      type: 'info',
-      message: `${name} will be suspended to disk when its cell finishes.`,
-      actions: ['cancel-suspend'],
-      autoClose: 6000
-    };
+    return 'pending';
   }
   if (now === 'running' && was === 'suspend-pending' && !error) {
-    return {
-      type: 'info',
-      message: `The pending suspend of ${name} was cancelled; it keeps running.`,
-      actions: [],
-      autoClose: 5000
-    };
+    return 'pending-cancelled';
   }
   if (now === 'running' && (was === 'restoring' || was === 'suspended')) {
     if (
       current.restored_at &&
       timesDiffer(current.restored_at, previous.restored_at)
     ) {
-      return restoredNotice(current, label);
+      return 'restored';
     }
     if (!error) {
-      return restartedNotice(label);
+      return 'restarted';
     }
   }
   return null;
-}
-
-/**
- * A finished suspend, once its new checkpoint is known (the event that says
- * "suspended" comes before the state with the checkpoint's size and why it
- * was made: the notice waits for that).
- */
-function suspendedNotice(current: IKernelState, name: string): INotice {
-  const took = formatSeconds(current.timings?.total);
-  const size = current.checkpoint?.size;
-  const details = [
-    typeof size === 'number' ? formatBytes(size) : '',
-    engineLabel(current.checkpoint?.engine ?? current.engine)
-  ].filter(Boolean);
-  const what =
-    current.checkpoint?.reason === 'idle'
-      ? `${name} was idle, so it was suspended to disk`
-      : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
-  return {
-    type: 'success',
-    message: fitToast(
-      what +
-        (details.length ? ` (${details.join(', ')})` : '') +
-        '. Run a cell to bring it back.'
-    ),
-    actions: [],
-    autoClose: 6000
-  };
-}
-
-/** End `text` with a full stop unless it ends with punctuation already. */
-export function sentence(text: string): string {
-  const t = text.trim();
-  return !t || /[.!?…:)]$/.test(t) ? t : `${t}.`;
-}
-
-const KERNEL_ID =
-  /\b(kernel )?[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/gi;
-
-/**
- * A server's error in plain words for a notice about `name`: what happened
- * and what to do, with every kernel id replaced by the name the user knows
- * (and no HTTP status).
- */
-export function plainError(
-  message: string,
-  hint: string | null | undefined,
-  name: string
-): string {
-  return [sentence(message), sentence(hint ?? '')]
-    .filter(Boolean)
-    .join(' ')
-    .replace(KERNEL_ID, name);
-}
-
-/**
- * The question before a trashed state replaces the kernel a restart started
- * under the same id (`current`: that kernel's state, when known).
- */
-export function replaceQuestion(
-  name: string,
-  current: IKernelState | undefined
-): string {
-  const fate =
-    current?.state === 'suspended'
-      ? 'its own saved state goes to the trash'
-      : 'what it holds is lost';
-  return (
-    `${name} was restarted after this state was saved, and a new kernel runs in it now. ` +
-    `Shut the new kernel down (${fate}) and bring the saved one back? ` +
-    'It comes back suspended: run a cell to wake it.'
-  );
-}
-
-/** A short name for a kernel: its notebook's file name, or its id. */
-export function kernelLabel(
-  kernelId: string,
-  notebookPath: string | null | undefined
-): string {
-  return notebookPath
-    ? basename(notebookPath)
-    : `kernel ${kernelId.slice(0, 8)}`;
 }
 
 /** Whether two states differ in anything the user can see. */
@@ -603,143 +232,6 @@ export function stateChanged(
   b: IKernelState | undefined
 ): boolean {
   return JSON.stringify(a ?? null) !== JSON.stringify(b ?? null);
-}
-
-/**
- * What the confirmation before a restart or shutdown of a suspended kernel
- * says: `The suspended state of train.ipynb (5.0 GiB, saved at 14:02) goes to
- * the trash for 24 h; you can bring it back from the Suspended kernels panel.`
- */
-export function trashWarning(
-  label: string,
-  state: IKernelState,
-  now: Date = new Date(),
-  hours: number = TRASH_HOURS
-): string {
-  const size = state.checkpoint?.size;
-  const saved = formatClock(
-    state.suspended_at ?? state.checkpoint?.created ?? null,
-    now
-  );
-  const details = [
-    typeof size === 'number' ? formatBytes(size) : '',
-    saved ? `saved at ${saved}` : ''
-  ].filter(Boolean);
-  return (
-    `The suspended state of ${label}` +
-    (details.length ? ` (${details.join(', ')})` : '') +
-    ` goes to the trash for ${hours} h; you can bring it back from the Suspended kernels panel.`
-  );
-}
-
-/** One kernel of a shutdown of several: its name and what happens to it. */
-export interface IShutdownLine {
-  kernelId: string;
-  label: string;
-  /** `running: its variables are lost`, `suspended (5.0 GiB): its saved state goes to the trash for 24 h`. */
-  fate: string;
-  /** Whether its saved state goes to the trash. */
-  trashed: boolean;
-}
-
-/** What a shutdown does to each kernel (`state`: gpucr's, when known). */
-export function shutdownLines(
-  kernels: ReadonlyArray<{
-    kernelId: string;
-    label: string;
-    state: IKernelState | undefined;
-  }>,
-  hours: number = TRASH_HOURS
-): IShutdownLine[] {
-  return kernels.map(({ kernelId, label, state }) => {
-    const onDisk =
-      state?.state === 'suspended' || state?.state === 'suspending';
-    if (!onDisk) {
-      return {
-        kernelId,
-        label,
-        fate: 'running: its variables are lost',
-        trashed: false
-      };
-    }
-    const size = state.checkpoint?.size;
-    return {
-      kernelId,
-      label,
-      fate:
-        `${state.state}` +
-        (typeof size === 'number' ? ` (${formatBytes(size)})` : '') +
-        `: its saved state goes to the trash for ${hours} h`,
-      trashed: true
-    };
-  });
-}
-
-/** The question above the list of a shutdown of several kernels. */
-export function shutdownQuestion(lines: ReadonlyArray<IShutdownLine>): string {
-  const n = lines.length;
-  const what = n === 1 ? 'this kernel' : `these ${n} kernels`;
-  return lines.some(l => l.trashed)
-    ? `Shut down ${what}? A suspended kernel's saved state can be brought back from the trash in the Suspended kernels panel.`
-    : `Shut down ${what}?`;
-}
-
-/**
- * The one notice after a shutdown of several kernels: how many went, where
- * the saved states are, which could not be shut down and why.
- */
-export function shutdownSummary(
-  done: ReadonlyArray<IShutdownLine>,
-  failed: ReadonlyArray<{ line: IShutdownLine; error: string }>,
-  hours: number = TRASH_HOURS
-): IShutdownSummary {
-  const total = done.length + failed.length;
-  const kernels = (n: number) => (n === 1 ? '1 kernel' : `${n} kernels`);
-  const trashed = done.filter(l => l.trashed);
-  let message = failed.length
-    ? `Shut down ${done.length} of ${kernels(total)}.`
-    : total === 1
-      ? `Shut down ${shortName(done[0].label)}.`
-      : `Shut down ${kernels(total)}.`;
-  if (trashed.length) {
-    const whose =
-      trashed.length === 1
-        ? `The saved state of ${shortName(trashed[0].label)} is`
-        : `The saved states of ${trashed.length} suspended kernels are`;
-    message += ` ${whose} in the trash for ${hours} h.`;
-  }
-  if (failed.length === 1) {
-    message += ` Could not shut down ${shortName(failed[0].line.label)}: ${sentence(failed[0].error)}`;
-  } else if (failed.length > 1) {
-    message += ` Could not shut down ${shortName(failed[0].line.label)} and ${failed.length - 1} more; see Details.`;
-  }
-  return {
-    type: failed.length ? 'warning' : 'success',
-    message: fitToast(message),
-    details: failed.length
-      ? failed.map(f => `${f.line.label}: ${sentence(f.error)}`).join('\n\n')
-      : null,
-    trashed: trashed.length > 0
-  };
-}
-
-/** The notice after a shutdown of several kernels (`shutdownSummary`). */
-export interface IShutdownSummary {
-  type: 'success' | 'warning';
-  message: string;
-  /** Every failure with its reason, for a Details dialog. */
-  details: string | null;
-  /** Whether saved states went to the trash (the notice opens the panel). */
-  trashed: boolean;
-}
-
-/** The doctor report's headline: `Everything works`, `1 check fails`, `2 checks fail`. */
-export function doctorHeadline(report: IDoctorReport): string {
-  const failing = report.checks.filter(c => !c.ok).length;
-  if (failing === 0) {
-    return 'Everything works';
-  }
-  return failing === 1 ? '1 check fails' : `${failing} checks fail`;
 }
 
 /** The side panel's groups. */
@@ -778,31 +270,4 @@ export function groupForPanel(
     kernels: rows,
     checkpoints: checkpoints.filter(c => !used.has(c.id))
   };
-}
-
-/**
- * Orders the two ways a kernel's state reaches the browser. A poll answered
- * after an event may have been asked before it, and would then put back an
- * older state (a status bar going restoring → suspended → restoring). A
- * logical clock: each poll takes a number when it is asked, each event one
- * when it is applied.
- */
-export class PollOrder {
-  /** A poll is about to be asked; give the number to `isStale` with its answer. */
-  ask(): number {
-    return ++this._clock;
-  }
-
-  /** An event for the kernel was applied. */
-  event(kernelId: string): void {
-    this._events.set(kernelId, ++this._clock);
-  }
-
-  /** Whether the answer of the poll asked as `asked` predates the kernel's last event. */
-  isStale(kernelId: string, asked: number): boolean {
-    return (this._events.get(kernelId) ?? 0) > asked;
-  }
-
-  private _clock = 0;
-  private _events = new Map<string, number>();
 }

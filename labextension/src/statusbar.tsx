@@ -12,8 +12,10 @@ import * as React from 'react';
 
 import { progressPercent } from './format';
 import { gpuIcon, resumeIcon, suspendIcon } from './icons';
-import { GpucrModel, IKernelTransition } from './model';
-import { describeKernelState, isTransient } from './state';
+import { describeKernelState } from './messages';
+import { GpucrModel } from './model';
+import { isTransient } from './state';
+import type { IKernelTransition } from './store';
 
 export class GpucrStatus extends ReactWidget {
   constructor(options: GpucrStatus.IOptions) {

@@ -1,0 +1,223 @@
+/**
+ * The REST client of the gpucr server extension (docs/rest-api.md): one
+ * request function and the typed calls on it. No state: the model
+ * (model.ts) keeps what the answers say.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import type {
+  ICheckpoint,
+  IDoctorReport,
+  IGpu,
+  IKernelState,
+  ITrashItem,
+  SuspendWhen
+} from './types';
+
+/** The URL prefix of the REST API, relative to the server's base URL. */
+export const API_PREFIX = 'api/gpucr';
+
+/** An error answer of the REST API, with its HTTP status. */
+export class GpucrRequestError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly reason: string | null = null,
+    readonly body: { [key: string]: unknown } | null = null
+  ) {
+    super(message);
+    this.name = 'GpucrRequestError';
+  }
+
+  /** Whether the server refused a suspend because the kernel runs a cell. */
+  get isBusy(): boolean {
+    return this.status === 409 && this.body?.error === 'KernelBusyError';
+  }
+
+  /** Whether a trashed kernel's id is taken by the fresh kernel of a restart. */
+  get isReplaced(): boolean {
+    return this.status === 409 && this.body?.error === 'KernelReplacedError';
+  }
+}
+
+/**
+ * Call the gpucr REST API.
+ *
+ * @param endPoint path under `/api/gpucr/`, already URL-encoded
+ * @param init request options (method, body)
+ * @param settings server connection settings (token, XSRF, base URL)
+ * @returns the decoded JSON answer, `undefined` for 204
+ * @throws GpucrRequestError with the server's message on an HTTP error
+ */
+export async function requestAPI<T>(
+  endPoint = '',
+  init: RequestInit = {},
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, API_PREFIX, endPoint);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ServerConnection.NetworkError(error as TypeError);
+  }
+  if (response.status === 204) {
+    return undefined as T;
+  }
+  const text = await response.text();
+  let data: any = text;
+  if (text.length > 0) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      // Not JSON (e.g. tornado's HTML 404 page): keep the text.
+    }
+  }
+  if (!response.ok) {
+    let message =
+      (data && typeof data === 'object' && (data.message || data.reason)) || '';
+    if (!message) {
+      message =
+        response.status === 404 && typeof data === 'string'
+          ? 'Not found (is the jupyter_gpucr server extension enabled?)'
+          : response.statusText || `HTTP ${response.status}`;
+    }
+    // jupyter_server writes {"message", "reason"}; gpucr adds "hint" (what to do).
+    const hint =
+      data && typeof data === 'object'
+        ? data.hint || data.reason || null
+        : null;
+    throw new GpucrRequestError(
+      String(message),
+      response.status,
+      hint ? String(hint) : null,
+      data && typeof data === 'object' ? data : null
+    );
+  }
+  return data as T;
+}
+
+function id(value: string): string {
+  return encodeURIComponent(value);
+}
+
+/** Thin typed client of the REST API (docs/rest-api.md). */
+export class GpucrClient {
+  constructor(
+    readonly serverSettings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  ) {}
+
+  listKernels(): Promise<IKernelState[]> {
+    return requestAPI<IKernelState[]>('kernels', {}, this.serverSettings);
+  }
+
+  getKernel(kernelId: string): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}`,
+      {},
+      this.serverSettings
+    );
+  }
+
+  suspend(
+    kernelId: string,
+    options: GpucrClient.ISuspendOptions = {}
+  ): Promise<IKernelState> {
+    const body: GpucrClient.ISuspendOptions = {};
+    if (options.engine) {
+      body.engine = options.engine;
+    }
+    if (options.when) {
+      body.when = options.when;
+    }
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}/suspend`,
+      { method: 'POST', body: JSON.stringify(body) },
+      this.serverSettings
+    );
+  }
+
+  /** Cancel a pending suspend (`suspend-pending`). */
+  cancelSuspend(kernelId: string): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}/suspend`,
+      { method: 'DELETE' },
+      this.serverSettings
+    );
+  }
+
+  resume(kernelId: string, gpu?: string | number): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}/resume`,
+      {
+        method: 'POST',
+        body: JSON.stringify(gpu !== undefined ? { gpu: String(gpu) } : {})
+      },
+      this.serverSettings
+    );
+  }
+
+  listCheckpoints(): Promise<ICheckpoint[]> {
+    return requestAPI<ICheckpoint[]>('checkpoints', {}, this.serverSettings);
+  }
+
+  deleteCheckpoint(checkpointId: string): Promise<void> {
+    return requestAPI<void>(
+      `checkpoints/${id(checkpointId)}`,
+      { method: 'DELETE' },
+      this.serverSettings
+    );
+  }
+
+  listTrash(): Promise<ITrashItem[]> {
+    return requestAPI<ITrashItem[]>('trash', {}, this.serverSettings);
+  }
+
+  /** Put a trashed checkpoint back: its kernel is suspended again. */
+  restoreTrash(
+    trashId: string,
+    options: GpucrClient.IRestoreOptions = {}
+  ): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `trash/${id(trashId)}/restore`,
+      { method: 'POST', body: JSON.stringify(options) },
+      this.serverSettings
+    );
+  }
+
+  deleteTrash(trashId: string): Promise<void> {
+    return requestAPI<void>(
+      `trash/${id(trashId)}`,
+      { method: 'DELETE' },
+      this.serverSettings
+    );
+  }
+
+  listGpus(): Promise<IGpu[]> {
+    return requestAPI<IGpu[]>('gpus', {}, this.serverSettings);
+  }
+
+  doctor(): Promise<IDoctorReport> {
+    return requestAPI<IDoctorReport>('doctor', {}, this.serverSettings);
+  }
+}
+
+export namespace GpucrClient {
+  /** The body of `POST /api/gpucr/kernels/{id}/suspend`. */
+  export interface ISuspendOptions {
+    engine?: string;
+    when?: SuspendWhen;
+  }
+
+  /** The body of `POST /api/gpucr/trash/{id}/restore`. */
+  export interface IRestoreOptions {
+    /** Shut down the kernel that runs under the same id (a restart's fresh one) first. */
+    replace?: boolean;
+    /**
+     * Give the kernel its notebook sessions back (default); false when this
+     * client connects the notebook it has open itself.
+     */
+    sessions?: boolean;
+  }
+}
