@@ -171,7 +171,7 @@ class Waker:
         self.say("waking")
         t0 = time.perf_counter()
         try:
-            self.backend.restore(self.name)
+            running = self.backend.restore(self.name)
         except GPUCRError as e:
             for s in self.held.values():
                 for conn in drain(s, 0.0):
@@ -181,6 +181,7 @@ class Waker:
                                "the checkpoint is kept and the next connection tries again.")
             return
         log.info("%s woken in %.2f s", self.name, time.perf_counter() - t0)
+        self.status["last_wake"] = {**running.timings, "waker_total": time.perf_counter() - t0}
         held, self.held = self.held, {}
         for w, s in held.items():
             try:
