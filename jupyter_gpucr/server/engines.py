@@ -27,6 +27,7 @@ from ..core.errors import EngineError, PreconditionError, PutBackError
 from ..core.store import Checkpoint, Manifest, dir_size
 from . import kernel_rpc
 from .backend import Backend
+from .loopstep import LoopStep
 from .provisioner import GPUCRProvisioner
 
 Progress = Callable[[str, int, int], None]
@@ -64,7 +65,7 @@ class SuspendEngine(ABC):
     async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
                       detach: Detach) -> Checkpoint:
         """Write a complete checkpoint, then stop the kernel process. ``detach`` closes the
-        server's connections to the kernel; the engine calls it when the kernel may no longer
+        server's connections to the kernel; the engine awaits it when the kernel may no longer
         talk to the server. On failure the kernel runs (reattached by the caller)."""
 
     @abstractmethod
@@ -94,16 +95,15 @@ class CriuEngine(SuspendEngine):
 
     async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
                       detach: Detach) -> Checkpoint:
-        loop = asyncio.get_running_loop()
-
-        def before_dump() -> None:
-            """The GPU is free by now (both backends call it then): close the server's connections
-            (and let their FINs go out) before CRIU freezes the kernel."""
-            asyncio.run_coroutine_threadsafe(detach(), loop).result()
-
-        try:  # the tensors the kernel wrote beside the image reach the disk while CRIU dumps
-            ckpt = await asyncio.to_thread(self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress,
-                                           before_dump, [self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR])
+        # Both backends stop there once the GPU is free, before CRIU freezes the kernel; the
+        # tensors the kernel wrote beside the image reach the disk while CRIU dumps.
+        gpu_free = LoopStep()
+        dump = asyncio.ensure_future(asyncio.to_thread(
+            self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress, gpu_free,
+            [self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR]))
+        await gpu_free.take(detach, dump)  # the server's connections close (their FINs go out) before the freeze
+        try:
+            ckpt = await dump
         except PutBackError as e:  # the dump finished, the commit failed: the process was restored anew
             km.provisioner.adopt(e.started)
             raise

@@ -11,7 +11,9 @@ suspend can hold, put to sleep and wake them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Protocol
 
 from jupyter_client.provisioning import KernelProvisionerFactory
@@ -40,6 +42,19 @@ class Connection(Protocol):
     def settle(self) -> None: ...
     def cancel_queued(self) -> int: ...
     async def wake(self) -> None: ...
+
+
+class HeldKernel:
+    """A kernel being suspended, its clients' messages held: the engine calls :meth:`detach` when
+    the kernel may no longer talk to the server."""
+
+    def __init__(self, manager: GPUCRMappingKernelManager, kernel_id: str, execution_state: str) -> None:
+        self.manager, self.kernel_id, self.execution_state = manager, kernel_id, execution_state
+        self.detached = False
+
+    async def detach(self) -> None:
+        await self.manager.detach_kernel(self.kernel_id, self.execution_state)
+        self.detached = True
 
 
 class GPUCRKernelManager(ServerKernelManager):
@@ -120,6 +135,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._connections: dict[str, set[Connection]] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     def kernel_model(self, kernel_id: str) -> dict[str, Any]:
         model = super().kernel_model(kernel_id)
@@ -152,6 +168,30 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
             await asyncio.sleep(0.02)
 
     # -- around a suspend ----------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def suspending(self, kernel_id: str, execution_state: str) -> AsyncIterator[HeldKernel]:
+        """A suspend of the kernel, in this block: the clients' messages wait from here on, and
+        the engine detaches the kernel (see :meth:`detach_kernel`) when its time has come. When
+        the block ends the connections settle: the kernel is on disk by then and they answer for
+        it. When it raises, the kernel runs: it is reattached if it was detached, and the
+        connections wake in the background (one to a kernel that died meanwhile would hold the
+        error up until the websocket gives up on it, while the restarter takes over)."""
+        self.hold_messages(kernel_id)
+        held = HeldKernel(self, kernel_id, execution_state)
+        try:
+            yield held
+        except BaseException:
+            if held.detached:
+                await self.reattach_kernel(kernel_id, wake=False)
+            self._in_background(self.wake_connections(kernel_id))
+            raise
+        self.settle_connections(kernel_id)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)  # referenced until it ends
+        task.add_done_callback(self._background.discard)
+
     async def detach_kernel(self, kernel_id: str, execution_state: str) -> None:
         """Close every ZeroMQ connection the server holds to the kernel, so the image holds
         no connection to this server; open websockets stay open, dormant.

@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import psutil
 from jupyter_core.utils import ensure_async
@@ -31,11 +31,9 @@ from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
 from .dormant import Saved
 from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
+from .kernels import Kernels
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState
 from .provisioner import GPUCRProvisioner
-
-if TYPE_CHECKING:
-    from .kernelmanager import GPUCRMappingKernelManager
 
 #: A kernel's record beside its process files (procs/KERNEL_ID/), for listing it after a crash.
 KERNEL_RECORD = "kernel.json"
@@ -67,7 +65,7 @@ class KernelReplacedError(StateError):
 class KernelSuspender:
     """Suspends and resumes the kernels of one server; see the module docstring."""
 
-    def __init__(self, config: GPUCR, kernel_manager: GPUCRMappingKernelManager, lifecycle: KernelLifecycle,
+    def __init__(self, config: GPUCR, kernel_manager: Kernels, lifecycle: KernelLifecycle,
                  log: Any) -> None:
         self.options = config
         self.log = log
@@ -162,7 +160,7 @@ class KernelSuspender:
         ``gpucr_idle_timeout``, else ``c.GPUCR.idle_timeout``); called every ``idle_check_interval``."""
         km = self.kernel_manager
         for kernel_id in list(km.list_kernel_ids()):
-            if km.lifecycle.state_of(kernel_id) != RUNNING:
+            if self.lifecycle.state_of(kernel_id) != RUNNING:
                 continue
             timeout = km.get_kernel(kernel_id).kernel_spec.metadata.get("gpucr_idle_timeout", self.options.idle_timeout)
             if km.is_idle(kernel_id, timeout, self.options.suspend_busy, self.options.suspend_connected):
@@ -183,6 +181,40 @@ class KernelSuspender:
             return await self._suspend_now(kernel_id, reason, engine)
 
     async def _suspend_now(self, kernel_id: str, reason: str, engine_name: str | None) -> KernelState:
+        km = await self._suspendable(kernel_id)
+        engine, why = choose_engine(self.engines, km, engine_name or self.options.engine)
+        self.lifecycle.transition(kernel_id, SUSPENDING, "trimming", error=None, hint=None, engine=engine.name,
+                                  engine_reason=why)
+        offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_DIR if engine.name == "criu" else None
+        try:
+            async with self.kernel_manager.suspending(kernel_id, km.execution_state) as kernel, \
+                    self._tensors_back_on_failure(kernel_id, km):
+                if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
+                    raise await self._busy_error(kernel_id)
+                with WritebackWhileWriting(offload_to) if offload_to else contextlib.nullcontext():  # the disk starts at once
+                    saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
+                if not await km.is_alive():
+                    raise StateError(f"{await self._display_name(kernel_id)} exited while it was being suspended.",
+                                     "Restart the kernel.")
+                self._saved[kernel_id] = saved
+                extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why,
+                         "offload": (trim or {}).get("offload")}
+                ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), kernel.detach)
+                st = self.lifecycle.transition(  # before the connections settle: they answer from disk
+                    kernel_id, SUSPENDED, "done", suspended_at=time.time(), checkpoint=ckpt.summary(), gpu=None,
+                    kind=_kind(ckpt), lost=ckpt.manifest.get("snapshot", {}).get("lost", []), trim=trim,
+                    timings=ckpt.manifest.get("timings", {}), warnings=[])
+        except BaseException as e:
+            err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
+            self.log.warning("gpucr: suspending kernel %s failed: %s %s", kernel_id, err.message, err.hint)
+            self.lifecycle.transition(kernel_id, RUNNING, "failed", error=err.message, hint=err.hint)
+            raise err from (None if err is e else e)
+        self.log.info("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
+                      ckpt.size >> 20, st.timings.get("total", 0))
+        return st
+
+    async def _suspendable(self, kernel_id: str) -> Any:
+        """The kernel's manager, once the kernel is running and idle; else why it cannot be suspended."""
         km = self._kernel(kernel_id)
         st = self.lifecycle.get(kernel_id)
         st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path  # events name it as it is now
@@ -194,61 +226,24 @@ class KernelSuspender:
                              "Restart the kernel.")
         if await self._busy_after(km, 1.0):
             raise await self._busy_error(kernel_id)
-        engine, why = choose_engine(self.engines, km, engine_name or self.options.engine)
-        execution_state = km.execution_state
-        self.lifecycle.transition(kernel_id, SUSPENDING, "trimming", error=None, hint=None, engine=engine.name,
-                                  engine_reason=why)
-        self.kernel_manager.hold_messages(kernel_id)
-        detached = False
+        return km
 
-        async def detach() -> None:
-            nonlocal detached
-            await self.kernel_manager.detach_kernel(kernel_id, execution_state)
-            detached = True
-
+    @contextlib.asynccontextmanager
+    async def _tensors_back_on_failure(self, kernel_id: str, km: Any) -> AsyncIterator[None]:
+        """A suspend that fails leaves the kernel running: it takes back the GPU tensors it had
+        offloaded for it (before the server reconnects and delivers the held messages)."""
         try:
-            if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
-                raise await self._busy_error(kernel_id)
-            offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_DIR if engine.name == "criu" else None
-            with WritebackWhileWriting(offload_to) if offload_to else contextlib.nullcontext():  # the disk starts at once
-                saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
-            if not await km.is_alive():
-                raise StateError(f"{await self._display_name(kernel_id)} exited while it was being suspended.",
-                                 "Restart the kernel.")
-            self._saved[kernel_id] = saved
-            extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why,
-                     "offload": (trim or {}).get("offload")}
-            ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), detach)
-        except BaseException as e:
-            await self._put_back(kernel_id, detached, km)
-            err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
-            self.log.warning("gpucr: suspending kernel %s failed: %s %s", kernel_id, err.message, err.hint)
-            self.lifecycle.transition(kernel_id, RUNNING, "failed", error=err.message, hint=err.hint)
-            raise err from (None if err is e else e)
-        st = self.lifecycle.transition(
-            kernel_id, SUSPENDED, "done", suspended_at=time.time(), checkpoint=ckpt.summary(), gpu=None,
-            kind=_kind(ckpt), lost=ckpt.manifest.get("snapshot", {}).get("lost", []), trim=trim,
-            timings=ckpt.manifest.get("timings", {}), warnings=[])
-        self.kernel_manager.settle_connections(kernel_id)
-        self.log.info("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
-                      ckpt.size >> 20, st.timings.get("total", 0))
-        return st
-
-    async def _put_back(self, kernel_id: str, detached: bool, km: Any) -> None:
-        """A suspend failed and the kernel runs: refill tensors it had offloaded, reconnect the
-        server and deliver held messages."""
-        if (self.store.proc_dir(kernel_id) / OFFLOAD_DIR).exists():
-            try:
-                report = await kernel_rpc.with_client(km, kernel_rpc.reload)
-                self.log.info("gpucr: kernel %s took its GPU tensors back after a failed suspend (%d MiB)", kernel_id,
-                              report.get("bytes", 0) >> 20)
-            except Exception as e:
-                self.log.error("gpucr: kernel %s could not take its GPU tensors back after a failed suspend: %s", kernel_id, e)
-        if detached:
-            await self.kernel_manager.reattach_kernel(kernel_id, wake=False)
-        # In the background: a kernel that died meanwhile would hold the error up until the
-        # websocket gives up on it, while the restarter takes over.
-        self._in_background(self.kernel_manager.wake_connections(kernel_id))
+            yield
+        except BaseException:
+            if (self.store.proc_dir(kernel_id) / OFFLOAD_DIR).exists():
+                try:
+                    report = await kernel_rpc.with_client(km, kernel_rpc.reload)
+                    self.log.info("gpucr: kernel %s took its GPU tensors back after a failed suspend (%d MiB)", kernel_id,
+                                  report.get("bytes", 0) >> 20)
+                except Exception as e:
+                    self.log.error("gpucr: kernel %s could not take its GPU tensors back after a failed suspend: %s",
+                                   kernel_id, e)
+            raise
 
     async def _busy_after(self, km: Any, seconds: float) -> bool:
         """Whether the kernel is still busy after ``seconds`` (a completion request passes)."""
@@ -265,8 +260,7 @@ class KernelSuspender:
         km = self._kernel(kernel_id)
         if km.execution_state != "busy":
             return
-        # async in the AsyncMappingKernelManager the server runs; typed as the sync base's
-        await ensure_async(self.kernel_manager.interrupt_kernel(kernel_id))  # type: ignore[func-returns-value]
+        await ensure_async(self.kernel_manager.interrupt_kernel(kernel_id))
         if await self._busy_after(km, 10.0):
             raise KernelBusyError(f"{await self._display_name(kernel_id)} kept running after the interrupt.",
                                   "Suspend it when the cell finishes, or restart the kernel.")

@@ -34,3 +34,20 @@ def test_the_server_imports_nothing_from_the_cli():
     """The doctor's checks are the core's; the CLI and the server each only show them."""
     assert {m: sorted(i for i in _imports(m) if i.startswith("jupyter_gpucr.cli")) for m in _modules("server")} == {
         m: [] for m in _modules("server")}
+
+
+def test_no_import_loop_in_the_server():
+    """The kernel manager makes the suspender and the suspender asks the kernel manager for its
+    kernels (through ``server/kernels.py``'s protocol): neither module may import the other back."""
+    modules = _modules("server")
+    loops = []
+    for start in modules:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in _imports(todo.pop()) & set(modules):
+                if nxt == start:
+                    loops.append(start)
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+    assert sorted(set(loops)) == []
