@@ -4,7 +4,7 @@
     python bench/bench_snapshot.py [--array-mb 200] [--model-mb 64] [--states arrays,model,unkeepable]
                                    [--methods snapshot,dill,kishu] [--json-out FILE] [--keep DIR]
 
-At the defaults a run takes about 2.5 minutes on 2 cores (results: docs/benchmarks-snapshot.md).
+At the defaults a run takes about 2.5 minutes on 2 cores (results: docs/dev/benchmarks-snapshot.md).
 
 States (cells run with history, as a notebook would):
   arrays      NumPy arrays of ``--array-mb`` MB in all + a pandas DataFrame

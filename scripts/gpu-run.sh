@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU tests and benchmarks on a GPU machine that has PyTorch, cuda-bindings and
 # nvidia-ml-py but not the Jupyter stack (the H200 test machine). Expects, beside the repo:
-#   .whl/                      wheels for what the machine lacks (see docs/gpu-tests.md)
+#   .whl/                      wheels for what the machine lacks (see docs/dev/gpu-tests.md)
 #   .venv/bin/criu + .venv/lib/gpucr-criu/   the CRIU bundle from scripts/install-criu.sh
 # Writes logs and JSON into ${OUT:-./gpu-out}.
 set -uo pipefail

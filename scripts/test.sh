@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set everything up (idempotent) and run the whole test suite: Python tests (real jupyter
 # servers, kernels and CRIU), jupyter_client's and jupyter_server's own kernel and session tests
-# with gpucr on (scripts/peer-tests.sh), and the JupyterLab UI tests in Debian's chromium.
+# with gpucr on (scripts/peer-tests.sh), the JupyterLab UI tests in Debian's chromium, and the
+# documentation site's build with warnings as errors (into .cache/docs-html).
 # pytest's exit code 5 ("no tests collected") counts as a failure here: the suite must run.
 set -uo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +23,8 @@ echo "test: ruff and mypy"
 if [ "$rc" -eq 5 ]; then
     echo "test: pytest collected no tests; that is a failure" >&2
 fi
+echo "test: the documentation site (sphinx -W; internal links and references checked, no network)"
+.venv/bin/python -m sphinx -W --keep-going -q -b html docs .cache/docs-html || rc=1
 peer_rc=0
 bash scripts/peer-tests.sh || peer_rc=$?
 [ "$rc" -ne 0 ] || rc=$peer_rc

@@ -344,7 +344,7 @@ class _Staging:
     up front: the reads that fill a buffer fault its pages in, in parallel, and the uploading
     thread registers each buffer the first time it copies from it (faulting in and registering
     512 MiB first took 0.07-0.10 s; most of the faulting moved into the reads, the refill gained
-    0.03 s: docs/benchmarks.md). Reusable as a context manager once."""
+    0.03 s: docs/dev/benchmarks.md). Reusable as a context manager once."""
 
     def __init__(self, torch: Any, count: int, lazy: bool = False) -> None:
         self.torch = torch

@@ -1,5 +1,5 @@
 """GPU round trips with the real driver checkpoint API. No GPU in CI: these run on the H200
-machine (see docs/gpu-tests.md for the recorded runs) and skip elsewhere."""
+machine (see docs/dev/gpu-tests.md for the recorded runs) and skip elsewhere."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """The tensor offload and refill in this process, on a real GPU: every byte comes back, also when
 the driver refuses to pin some of the refill's staging buffers (they are registered lazily, on
-their first use). Skipped without PyTorch or a GPU; run on the H200 machine (docs/gpu-tests.md)."""
+their first use). Skipped without PyTorch or a GPU; run on the H200 machine (docs/dev/gpu-tests.md)."""
 from __future__ import annotations
 
 import os

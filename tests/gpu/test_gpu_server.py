@@ -1,6 +1,6 @@
 """A PyTorch kernel on the GPU through the real server: suspend frees the GPU, restore brings
 the tensors back, and trimming the allocator cache first shrinks the image. Runs on the H200
-machine (docs/gpu-tests.md); skips without a GPU."""
+machine (docs/dev/gpu-tests.md); skips without a GPU."""
 from __future__ import annotations
 
 import asyncio

@@ -24,7 +24,7 @@ STOCK_MANAGERS = {
 }
 
 
-# Tests whose meaning gpucr changes on purpose, skipped with the reason (docs/peer-suites.md lists them).
+# Tests whose meaning gpucr changes on purpose, skipped with the reason (docs/dev/peer-suites.md lists them).
 DIFFERENCES = {
     r"tests/services/kernels/test_cull\.py::test_cull_(idle|connected)\[.*\]":
         "culling suspends an idle kernel to disk instead of shutting it down: it stays listed under its id",
