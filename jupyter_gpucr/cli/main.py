@@ -15,6 +15,7 @@ from typing import Any
 from ..core.activation import WakeOn
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError, StateError
+from ..core.store import ProcRecord
 from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
 from .install_criu import install
@@ -68,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--eager", action="store_true",
                    help="bring all memory back before the process runs (default: it runs at once, CRIU's "
                    "lazy-pages daemon brings the rest in behind it)")
+    s = add("fork", help="copies of a process (running or checkpointed), each in its own namespaces")
+    s.add_argument("name")
+    s.add_argument("--as", dest="new", help="the fork's name (with --count N: NEW-1 ... NEW-N); default NAME-fork-I")
+    s.add_argument("--count", type=int, default=1)
+    s.add_argument("--gpu", default="auto", help="auto, a GPU index or a UUID")
     add("ls", help="list processes and checkpoints")
     s = add("kernel", help="suspend, resume or list the kernels of a running Jupyter server")
     s.add_argument("action", choices=["ls", "suspend", "resume"])
@@ -161,6 +167,11 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         r = cr.restore(args.name, gpu=args.gpu, checkpoint_id=args.checkpoint)
         where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""
         return r.record | {"timings": r.timings}, f"Restored {r.name!r} as PID {r.pid}{where} in {r.timings['total']:.2f} s."
+    if args.cmd == "fork":
+        names = ([args.new] if args.count == 1 else [f"{args.new}-{i}" for i in range(1, args.count + 1)]) \
+            if args.new else None
+        forks = cr.fork(args.name, count=args.count, names=names, gpu=args.gpu)
+        return [f.record for f in forks], "\n".join(_fork_line(f.record) for f in forks)
     if args.cmd == "ls":
         items = [it | {"waker": w} if (w := read_status(cr.store, it["name"])) else it for it in cr.list()]
         return items, _ls_text(items)
@@ -177,6 +188,11 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "trash":
         return _trash_command(cr, args)
     raise AssertionError(args.cmd)
+
+
+def _fork_line(rec: ProcRecord) -> str:
+    ports = ", ".join(f"{r['addr']}:{r['port']} -> {r['inner']}" for r in rec.get("netns", {}).get("relay", []))
+    return f"Forked {rec['name']!r} as PID {rec['pid']}" + (f"; its ports from the host: {ports}" if ports else "") + "."
 
 
 def _refuse_a_server_kernel(cr: Checkpointer, name: str, checkpoint_id: str | None) -> None:
