@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from traitlets import Bool, Enum, Float, Integer, List, Unicode, default
+from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, Union, default, validate
 from traitlets.config import Configurable
 
 from ..core.checkpointer import NETWORK_LOCK_HOLD
+from ..core.sizes import parse_size
 from ..daemon.protocol import DEFAULT_SOCKET
 
 
@@ -130,3 +132,39 @@ class GPUCR(Configurable):
         "CRIU can suspend them (when this server may run CRIU, or the gpucr daemon answers). Off: only the snapshot "
         "engine is available.",
     )
+    room_policy = Enum(
+        ["lru", "never"], default_value="lru", config=True,
+        help="When a kernel must be restored (or started) and no GPU of its model, or not the host memory budget, "
+        "has room for it: 'lru' suspends idle kernels there, least recently used first, until it fits, then restores "
+        "it (the user sees 'waiting for room on GPU 0: suspending 2 idle kernels'); 'never' refuses with the reason.",
+    )
+    min_resident_s = Float(
+        300.0, config=True,
+        help="Seconds a kernel stays safe from being suspended to make room after its last activity (a cell, its "
+        "output, any request).",
+    )
+    evict_others = Bool(
+        False, config=True,
+        help="Also suspend the kernels of other users (of a server whose kernels run as several users) to make "
+        "room; a user's own kernels go first either way.",
+    )
+    host_memory_budget = Union(
+        [Float(), Unicode()], default_value="", config=True,
+        help="The most host memory (bytes, '3GiB', or a fraction of RAM such as 0.5) the kernels of this server "
+        "may hold at once, counting each kernel's RSS (or its declared kernel_memory, whichever is larger); a "
+        "restore or start that would pass it makes room as room_policy says. Empty or 0: no budget.",
+    )
+    kernel_memory = Union(
+        [Float(), Unicode()], default_value="", config=True,
+        help="The host memory a kernel is declared to take ('1GiB'; a kernelspec's metadata 'gpucr_memory' "
+        "overrides it): a new kernel's start makes this much room under host_memory_budget, and a kernel counts "
+        "at least this much against it. Empty: its RSS only.",
+    )
+
+    @validate("host_memory_budget", "kernel_memory")
+    def _valid_size(self, proposal: Any) -> Any:
+        try:
+            parse_size(proposal["value"], 1)
+        except ValueError as e:
+            raise TraitError(f"c.GPUCR.{proposal['trait'].name}: {e}") from None
+        return proposal["value"]

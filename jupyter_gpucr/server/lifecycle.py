@@ -1,6 +1,8 @@
 """One state machine per kernel: ``running -> [suspend-pending ->] suspending -> suspended ->
-restoring -> running``, with the failure edges ``suspending -> running`` (the kernel keeps
-running) and ``restoring -> suspended`` (the checkpoint is kept).
+restoring [-> waiting-for-room -> restoring] -> running``, with the failure edges
+``suspending -> running`` (the kernel keeps running) and ``restoring`` or ``waiting-for-room ->
+suspended`` (the checkpoint is kept). A restore waits for room while idle kernels are suspended
+to make it (``room.py``).
 
 :meth:`KernelLifecycle.transition` is the only place a state changes, and every change is
 emitted on jupyter_server's event bus, so the REST API, the events and the UI cannot disagree.
@@ -22,17 +24,19 @@ from ..core.errors import StateError
 STATE_SCHEMA_PATH = Path(__file__).parent / "schemas" / "kernel-state.json"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
 PHASES = ["trimming", "gpu-checkpoint", "dumping", "verifying", "done", "restoring", "gpu-restore", "failed",
-          "pending", "cancelled"]
+          "pending", "cancelled", "waiting-for-room"]
 #: Kernel-state properties that events carry besides kernel_id, state and the progress fields.
-EVENT_FIELDS = ["error", "hint", "notebook_path", "restored_at", "suspended_for", "lost"]
+EVENT_FIELDS = ["error", "hint", "notebook_path", "restored_at", "suspended_for", "lost", "room", "made_room_for"]
 
 RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
+WAITING = "waiting-for-room"
 TRANSITIONS: dict[str, set[str]] = {
     RUNNING: {PENDING, SUSPENDING},
     PENDING: {RUNNING, SUSPENDING},
     SUSPENDING: {RUNNING, SUSPENDED},
     SUSPENDED: {RESTORING},
-    RESTORING: {RUNNING, SUSPENDED},
+    RESTORING: {RUNNING, SUSPENDED, WAITING},
+    WAITING: {RESTORING, SUSPENDED},
 }
 
 
@@ -84,6 +88,8 @@ class KernelState:
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
     hint: str | None = None
+    room: dict[str, Any] | None = None
+    made_room_for: str | None = None
     trim: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -123,7 +129,7 @@ class KernelLifecycle(LoggingConfigurable):
 
     def is_on_disk(self, kernel_id: str) -> bool:
         """Suspended or being restored: there is no kernel process to talk to."""
-        return self.state_of(kernel_id) in (SUSPENDED, RESTORING)
+        return self.state_of(kernel_id) in (SUSPENDED, RESTORING, WAITING)
 
     def is_suspending(self, kernel_id: str) -> bool:
         return self.state_of(kernel_id) == SUSPENDING
@@ -145,7 +151,7 @@ class KernelLifecycle(LoggingConfigurable):
         for name, value in changes.items():
             setattr(st, name, value)
         if to == RUNNING:
-            st.suspended_at = st.pending_since = None
+            st.suspended_at = st.pending_since = st.made_room_for = None
         if to != PENDING:
             st.pending_since = None
         self.log.debug("gpucr: kernel %s is %s (%s)", kernel_id, to, phase)

@@ -134,6 +134,16 @@ export function describeKernelState(
         kind: 'busy'
       };
     }
+    case 'waiting-for-room': {
+      const message = state.room?.message ?? 'waiting for room';
+      return {
+        label: truncate(message.charAt(0).toUpperCase() + message.slice(1), 60),
+        title:
+          `Restoring the kernel: ${message}, least recently used first. ` +
+          'Cells run as soon as it is back.',
+        kind: 'busy'
+      };
+    }
     case 'suspended': {
       const size = state.checkpoint?.size;
       const savedAt = state.suspended_at ?? state.checkpoint?.created ?? null;
@@ -371,7 +381,9 @@ function suspendedNotice(current: IKernelState, name: string): INotice {
   const what =
     current.checkpoint?.reason === 'idle'
       ? `${name} was idle, so it was suspended to disk`
-      : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
+      : current.checkpoint?.reason === 'room'
+        ? `${name} was idle, so it was suspended to disk to make room for another kernel`
+        : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
   return {
     type: 'success',
     message: fitToast(

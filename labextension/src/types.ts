@@ -17,10 +17,16 @@ export type Timestamp = string | number;
 
 /**
  * The lifecycle of a kernel as the server reports it. `suspend-pending`: a
- * suspend waits for the running cell to finish.
+ * suspend waits for the running cell to finish. `waiting-for-room`: a restore
+ * waits while idle kernels are suspended to make room for it.
  */
 export type KernelStateName =
-  'running' | 'suspend-pending' | 'suspending' | 'suspended' | 'restoring';
+  | 'running'
+  | 'suspend-pending'
+  | 'suspending'
+  | 'suspended'
+  | 'restoring'
+  | 'waiting-for-room';
 
 /** The checkpoint engines: criu (whole process), snapshot (saved variables). */
 export type EngineName = 'criu' | 'snapshot';
@@ -39,7 +45,8 @@ export type Phase =
   | 'gpu-restore'
   | 'failed'
   | 'pending'
-  | 'cancelled';
+  | 'cancelled'
+  | 'waiting-for-room';
 
 /** When a suspend happens: now, once the running cell ends, or after interrupting it. */
 export type SuspendWhen = 'now' | 'idle' | 'interrupt';
@@ -70,6 +77,17 @@ export interface IProgress {
   phase: Phase | string | null;
   bytes_done: number | null;
   bytes_total: number | null;
+}
+
+/** What a restore waits for in `waiting-for-room`. */
+export interface IRoomWait {
+  /** Where room is made: `on GPU 0`, `in host memory`. */
+  where: string | null;
+  need: number;
+  /** The idle kernels being suspended for it. */
+  suspending: string[];
+  /** `waiting for room on GPU 0: suspending 2 idle kernels` */
+  message: string;
 }
 
 /** Something the last restore could not bring back (snapshot engine). */
@@ -107,6 +125,10 @@ export interface IKernelState {
   error: string | null;
   /** What the user can do about `error` (server's hint), if known. */
   hint?: string | null;
+  /** While `waiting-for-room`: where and for what. */
+  room?: IRoomWait | null;
+  /** The kernel this one was suspended to make room for. */
+  made_room_for?: string | null;
   /** Live versus reserved bytes reported by the kernel before a criu suspend. */
   trim?: { [key: string]: unknown } | null;
   /** Seconds per step of the last operation, e.g. `{"total": 2.3}`. */
@@ -190,4 +212,6 @@ export interface IKernelStateEvent {
   restored_at?: Timestamp | null;
   suspended_for?: number | null;
   lost?: ILostItem[];
+  room?: IRoomWait | null;
+  made_room_for?: string | null;
 }

@@ -17,6 +17,7 @@ from jupyter_gpucr.server.lifecycle import (
     RUNNING,
     SUSPENDED,
     SUSPENDING,
+    WAITING,
     KernelLifecycle,
     KernelState,
     state_schema,
@@ -85,6 +86,33 @@ async def test_failure_edges_keep_the_kernel_or_the_checkpoint(recorded):
     assert [e["error"] for e in events if e["phase"] == "failed"] == ["disk full", "damaged"]
 
 
+async def test_a_restore_that_waits_for_room_says_where_and_its_victim_says_for_whom(recorded):
+    lifecycle, events = recorded
+    for kid in ("k", "old"):
+        lifecycle.transition(kid, SUSPENDING, "trimming")
+        lifecycle.transition(kid, SUSPENDED, "done")
+    lifecycle.transition("old", RESTORING, "restoring")
+    lifecycle.transition("old", RUNNING, "done")
+    lifecycle.transition("k", RESTORING, "restoring")
+    room = {"where": "on GPU 0", "need": 1, "suspending": ["old"], "message": "waiting for room on GPU 0: suspending 1 idle kernel"}
+    assert lifecycle.transition("k", WAITING, "waiting-for-room", room=room).room == room
+    assert lifecycle.is_on_disk("k")
+    lifecycle.transition("old", SUSPENDING, "trimming")
+    lifecycle.transition("old", SUSPENDED, "done", made_room_for="k")
+    lifecycle.transition("k", RESTORING, "restoring", room=None)
+    lifecycle.transition("k", RUNNING, "done")
+    await settle()
+    assert [e["room"] for e in events if e["kernel_id"] == "k" and e["state"] == WAITING] == [room]
+    assert [e["made_room_for"] for e in events if e["kernel_id"] == "old"][-1] == "k"
+    lifecycle.transition("old", RESTORING, "restoring")
+    assert lifecycle.transition("old", RUNNING, "done").made_room_for is None
+    lifecycle.transition("k", SUSPENDING, "trimming")
+    lifecycle.transition("k", SUSPENDED, "done")
+    lifecycle.transition("k", RESTORING, "restoring")
+    lifecycle.transition("k", WAITING, "waiting-for-room", room=room)
+    assert lifecycle.transition("k", SUSPENDED, "failed", error="no room", room=None).state == SUSPENDED
+
+
 def test_unknown_fields_are_a_programming_error(recorded):
     lifecycle, _ = recorded
     with pytest.raises(TypeError):
@@ -93,7 +121,7 @@ def test_unknown_fields_are_a_programming_error(recorded):
 
 def test_the_state_matches_its_schema():
     assert set(KernelState("k").to_dict()) == set(state_schema()["properties"])
-    assert state_schema()["properties"]["state"]["enum"] == [RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING]
+    assert state_schema()["properties"]["state"]["enum"] == [RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING, WAITING]
 
 
 def test_the_rest_docs_describe_every_property():
