@@ -47,6 +47,7 @@ from .privileges import check_privileges
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
 from .store import Checkpoint, Manifest, ProcRecord, Store, dir_size, fsync_trees, make_private_dir, private_files
+from .upload import relocated_files
 
 Progress = Callable[[str, int, int], None]
 
@@ -398,6 +399,8 @@ class Checkpointer:
             ckpt = self.store.get(checkpoint_id) if checkpoint_id else self.store.latest(name)
             if ckpt is None:
                 raise StateError(f"{name!r} has no checkpoint.", f"Create one with 'gpucr checkpoint {name}'.")
+            if files is None and rec.get("moved_from"):  # made on another node: its files are in this folder now
+                files = relocated_files(ckpt.images, cast(str, rec["moved_from"]), d)
             beside = gpu_bytes_beside or {}
             t0 = time.perf_counter()
             try:

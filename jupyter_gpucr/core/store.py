@@ -82,6 +82,7 @@ class ProcRecord(TypedDict, total=False):
     forked_from: dict[str, str]  # a fork's source: its name and the checkpoint the fork was made from
     netns: dict[str, Any]  # a fork's own network namespace: its relay's host ports (core/netns.py)
     files: dict[str, str]  # a fork's own copies of the files its source had open for writing
+    moved_from: str  # the process's folder on the node whose checkpoint was downloaded here (core/upload.py)
 
 
 class Manifest(TypedDict, total=False):
@@ -124,7 +125,7 @@ def read_record(proc_dir: Path) -> ProcRecord:
 
 def default_root() -> Path:
     env = os.environ.get("GPUCR_STORE")
-    if env:
+    if env and "://" not in env:  # a URL is object storage; the local store is then the cache directory
         return Path(env)
     data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(data) / "jupyter-gpucr"

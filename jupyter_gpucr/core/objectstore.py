@@ -1,0 +1,240 @@
+"""Object storage for checkpoints (``s3://``, ``gs://``, ``file://``...): one user's prefix in a bucket.
+
+fsspec with s3fs (gcsfs for ``gs://``) does the talking: the same library pandas, dask and zarr
+use for the same URLs, so endpoints and credentials come from where those users already put them
+(the ``AWS_*`` variables, ``AWS_ENDPOINT_URL`` included, profiles, instance roles), and
+``c.GPUCR.store_options`` is fsspec's ``storage_options``. s3fs uploads a large file as a
+multipart upload with several parts in flight and reads one back with ranged reads in parallel;
+botocore checksums every request, which S3 checks on arrival.
+
+A server only ever lists, reads, writes and deletes below ``URL/USER/`` (:attr:`ObjectStore.root`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .errors import GPUCRError
+
+#: Files uploaded or downloaded at once (each large one in several parts besides).
+STREAMS = 8
+#: Bytes one ranged read of a download asks for.
+CHUNK = 32 << 20
+#: How long a connection to the store may take before the store counts as unreachable.
+CONNECT_TIMEOUT_S = 5
+
+
+class ObjectStoreError(GPUCRError):
+    """The object store could not be reached, refused the credentials, or lost an object."""
+
+    status = 503
+
+
+def is_url(store: str | None) -> bool:
+    """Whether ``c.GPUCR.store`` names object storage (``s3://bucket/prefix``) rather than a directory."""
+    return bool(store) and "://" in str(store) and not str(store).startswith("/")
+
+
+def user_name() -> str:
+    """The prefix a server's checkpoints live under: the hub's name for its user, else the login name."""
+    import getpass
+
+    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+
+
+def _defaults(protocol: str) -> dict[str, Any]:
+    """Short connect timeouts and few retries: an unreachable store must say so in seconds, while
+    the kernel still runs, not after botocore's minutes of retrying."""
+    if protocol in ("s3", "s3a"):
+        return {"use_listings_cache": False, "skip_instance_cache": True,
+                "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": 120,
+                                  "retries": {"max_attempts": 3, "mode": "standard"}}}
+    return {"skip_instance_cache": True}
+
+
+class ObjectStore:
+    """One user's prefix in an object store; keys are relative to it."""
+
+    def __init__(self, url: str, options: dict[str, Any] | None = None, user: str | None = None) -> None:
+        import fsspec
+
+        self.url = url.rstrip("/")
+        protocol = self.url.split("://", 1)[0]
+        try:
+            self.fs, base = fsspec.core.url_to_fs(self.url, **{**_defaults(protocol), **(options or {})})
+        except (ImportError, ValueError) as e:
+            raise ObjectStoreError(f"The checkpoint store {self.url} cannot be used: {e}",
+                                   "Install the object store support: pip install 'jupyter-gpucr[s3]' (s3fs, gcsfs).") from e
+        self.user = user or user_name()
+        self.root = f"{base.rstrip('/')}/{self.user}"
+
+    def __repr__(self) -> str:
+        return f"{self.url}/{self.user}"
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key.lstrip('/')}"
+
+    def _failed(self, what: str, e: BaseException) -> ObjectStoreError:
+        """Say which store, what was being done, and the store's own words (a refused key, a
+        missing bucket, a refused connection)."""
+        cause = str(e) or type(e).__name__
+        if isinstance(e, PermissionError) or "AccessDenied" in cause or "InvalidAccessKeyId" in cause \
+                or "SignatureDoesNotMatch" in cause or "credentials" in cause.lower():
+            hint = ("The store refused the credentials: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, the profile "
+                    "(AWS_PROFILE) or c.GPUCR.store_options, and the bucket's policy for this prefix.")
+        elif isinstance(e, FileNotFoundError) or "NoSuchBucket" in cause:
+            hint = "Check the bucket's name in c.GPUCR.store (GPUCR_STORE) and that it exists."
+        else:
+            hint = ("Check that the store answers at its endpoint (AWS_ENDPOINT_URL or c.GPUCR.store_options' "
+                    "endpoint_url) and that this node can reach it.")
+        return ObjectStoreError(f"The checkpoint store {self!r} could not be used ({what}): {cause}.", hint)
+
+    def probe(self) -> None:
+        """List the user's prefix once: raises :class:`ObjectStoreError` when the store is unreachable or
+        refuses the credentials, before anything is suspended into it."""
+        try:
+            self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            bucket = self.root.split("/", 1)[0]
+            try:
+                self.fs.ls(bucket, detail=False)  # an empty prefix is fine; a missing bucket is not
+            except BaseException as e:
+                raise self._failed("listing the bucket", e) from e
+        except BaseException as e:
+            raise self._failed("listing the user's prefix", e) from e
+
+    # -- objects --------------------------------------------------------------------------
+    def put_files(self, pairs: Sequence[tuple[str, str]], progress: Callable[[int], None] | None = None) -> None:
+        """Upload each (local file, key), :data:`STREAMS` files at once, large ones in parallel parts."""
+        if not pairs:
+            return
+        try:
+            self.fs.put([p[0] for p in pairs], [self.path(p[1]) for p in pairs], batch_size=STREAMS,
+                        callback=_counted(progress))
+        except BaseException as e:
+            raise self._failed("uploading", e) from e
+
+    def get_files(self, pairs: Sequence[tuple[str, str, int]], progress: Callable[[int], None] | None = None) -> None:
+        """Download each (key, local file, size) as ranged reads of :data:`CHUNK` bytes, :data:`STREAMS` at
+        once across all files, each written in place as it arrives."""
+        ranges = [(key, local, start, min(size, start + CHUNK)) for key, local, size in pairs
+                  for start in range(0, max(size, 1), CHUNK)]
+        lock, done = threading.Lock(), [0]
+        fds = {}
+        try:
+            for _key, local, size in pairs:
+                fds[local] = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.ftruncate(fds[local], size)
+
+            def one(r: tuple[str, str, int, int]) -> None:
+                key, local, start, end = r
+                data = self.fs.cat_file(self.path(key), start=start, end=end) if end > start else b""
+                if len(data) != end - start:
+                    raise OSError(f"{key}: {len(data)} bytes came back for bytes {start}-{end}")
+                os.pwrite(fds[local], data, start)
+                if progress is not None:
+                    with lock:
+                        done[0] += len(data)
+                        total = done[0]
+                    progress(total)
+
+            with ThreadPoolExecutor(STREAMS, thread_name_prefix="gpucr-download") as pool:
+                list(pool.map(one, ranges))
+        except BaseException as e:
+            raise self._failed("downloading", e) from e
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Every object below ``prefix`` (keys relative to it) and its size, as the store reports it."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        except BaseException as e:
+            raise self._failed("listing", e) from e
+        return {path[len(base) + 1:]: int(info.get("size") or 0) for path, info in found.items()
+                if info.get("type") != "directory"}
+
+    def names(self, prefix: str = "") -> list[str]:
+        """The names one level below ``prefix`` (the kernels, or one kernel's checkpoints)."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+        except FileNotFoundError:
+            return []
+        except BaseException as e:
+            raise self._failed("listing", e) from e
+
+    def read_json(self, key: str) -> dict[str, Any] | None:
+        """The JSON object at ``key``; None when there is none."""
+        try:
+            data = self.fs.cat_file(self.path(key))
+        except FileNotFoundError:
+            return None
+        except BaseException as e:
+            raise self._failed(f"reading {key}", e) from e
+        try:
+            value = json.loads(data)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def write_json(self, key: str, value: dict[str, Any], create: bool = False) -> bool:
+        """Write ``value`` at ``key``. ``create``: only if no object is there (S3's ``If-None-Match: *``,
+        a local file opened exclusively); False when one was. The store decides, so two writers
+        racing for the same key cannot both succeed."""
+        data = json.dumps(value, indent=1).encode()
+        try:
+            self.fs.pipe_file(self.path(key), data, mode="create" if create else "overwrite")
+        except FileExistsError:
+            return False
+        except BaseException as e:
+            if create and ("PreconditionFailed" in str(e) or "412" in str(e)):
+                return False
+            raise self._failed(f"writing {key}", e) from e
+        return True
+
+    def delete(self, key: str, recursive: bool = False) -> None:
+        try:
+            self.fs.rm(self.path(key), recursive=recursive)
+        except FileNotFoundError:
+            pass
+        except BaseException as e:
+            raise self._failed(f"deleting {key}", e) from e
+
+
+def _counted(progress: Callable[[int], None] | None) -> Any:
+    """An fsspec callback adding up the bytes every transfer reports, for ``progress(total_so_far)``."""
+    from fsspec.callbacks import Callback, NoOpCallback
+
+    if progress is None:
+        return NoOpCallback()
+    report = progress
+    lock = threading.Lock()
+    done = [0]
+
+    class _File(Callback):
+        def relative_update(self, inc: int = 1) -> None:
+            with lock:
+                done[0] += inc
+                total = done[0]
+            report(total)
+
+        def call(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    class _All(Callback):
+        def branched(self, path_1: str, path_2: str, **kwargs: Any) -> Callback:
+            return _File()
+
+        def call(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    return _All()

@@ -1,0 +1,205 @@
+"""One checkpoint into the object store and back out, and who may run it (the lease).
+
+Below the user's prefix (:class:`.objectstore.ObjectStore`)::
+
+    NAME/ID/checkpoint/...   the checkpoint's folder (manifest.json with the images' digests, images/)
+    NAME/ID/proc/...         the process's folder (record, logs, a kernel's history, offloaded tensors)
+    NAME/ID/uploading.json   written before the first object, removed after the last: an upload under way
+    NAME/ID/complete.json    written once every object is in the store with its size: the checkpoint is durable
+    NAME/lease.json          the node that restored NAME and runs it; created only if absent
+
+Locally ``checkpoints/ID/upload.json`` says ``pending`` until ``complete.json`` is written, so a
+server killed mid-upload redoes it at its next start from the copy it kept. Only checkpoints with a
+``complete.json`` are listed or downloaded; the newest one of a name is the one that counts.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from .errors import CheckpointDamagedError, StateError
+from .images import read_image
+from .jsonfile import read_json, write_json_atomic
+from .objectstore import ObjectStore, ObjectStoreError
+from .store import Checkpoint, ProcRecord, Store, make_private_dir, read_manifest, tighten_permissions
+
+MARKER = "upload.json"
+COMPLETE = "complete.json"
+UPLOADING = "uploading.json"
+LEASE = "lease.json"
+
+Progress = Callable[[int, int], None]
+
+
+def node_id(store: Store) -> str:
+    """This node as a lease names it: the host and its cache directory (two servers of one host
+    with their own caches are two nodes)."""
+    return f"{platform.node()}:{store.root}"
+
+
+def _files_below(root: Path, skip: Callable[[Path], bool]) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and not skip(p.relative_to(root)))
+
+
+def _checkpoint_files(ckpt: Checkpoint) -> list[Path]:
+    return _files_below(ckpt.path, lambda rel: rel.name == MARKER)
+
+
+def _proc_files(proc_dir: Path) -> list[Path]:
+    """The process's own files: not its locks, status and pid files (``.*``), nor a fork's restore folder."""
+    return _files_below(proc_dir, lambda rel: rel.parts[0].startswith(".") or rel.parts[0] == "restore")
+
+
+def pending(store: Store) -> list[Checkpoint]:
+    """Checkpoints whose upload was started and never finished (the server died, or the store failed)."""
+    return [c for c in store.list_checkpoints() if (read_json(c.path / MARKER) or {}).get("state") == "pending"]
+
+
+def mark_pending(ckpt: Checkpoint, remote: ObjectStore) -> None:
+    write_json_atomic(ckpt.path / MARKER, {"state": "pending", "store": repr(remote), "since": time.time()})
+
+
+def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progress | None = None,
+           keep_last: int = 1) -> dict[str, Any]:
+    """Put the checkpoint and its process's files into the store, check that every object is
+    there with its size, then write ``complete.json``; older checkpoints of the name in the store
+    beyond ``keep_last`` are deleted afterwards. The local copy is kept. Returns what moved."""
+    t0 = time.perf_counter()
+    name, proc_dir = ckpt.name, store.proc_dir(ckpt.name)
+    mark_pending(ckpt, remote)
+    base = f"{name}/{ckpt.id}"
+    pairs = [(str(p), f"checkpoint/{p.relative_to(ckpt.path)}") for p in _checkpoint_files(ckpt)]
+    pairs += [(str(p), f"proc/{p.relative_to(proc_dir)}") for p in _proc_files(proc_dir)]
+    sizes = {key: os.path.getsize(local) for local, key in pairs}
+    total = sum(sizes.values())
+    remote.write_json(f"{base}/{UPLOADING}", {"node": node_id(store), "since": time.time(), "bytes": total})
+    remote.put_files([(local, f"{base}/{key}") for local, key in pairs],
+                     (lambda done: progress(done, total)) if progress else None)
+    there = remote.sizes(base)
+    wrong = [f"{key} ({there.get(key, 'no')} bytes in the store, {size} here)" for key, size in sizes.items()
+             if there.get(key) != size]
+    if wrong:
+        raise ObjectStoreError(f"The upload of checkpoint {ckpt.id} to {remote!r} is incomplete: {'; '.join(wrong[:5])}.",
+                               "The checkpoint is kept on this node's disk; the upload is redone at the next server start.")
+    remote.write_json(f"{base}/{COMPLETE}", {
+        "id": ckpt.id, "name": name, "created": ckpt.created, "size": ckpt.size, "bytes": total, "objects": sizes,
+        "manifest": ckpt.manifest, "proc_dir": str(proc_dir), "node": node_id(store), "uploaded_at": time.time()})
+    remote.delete(f"{base}/{UPLOADING}")
+    write_json_atomic(ckpt.path / MARKER, {"state": "done", "store": repr(remote), "at": time.time()})
+    for old in completed(remote, name)[:-max(keep_last, 1)]:
+        remote.delete(f"{name}/{old['id']}", recursive=True)
+    return {"bytes": total, "objects": len(pairs), "seconds": time.perf_counter() - t0}
+
+
+def completed(remote: ObjectStore, name: str) -> list[dict[str, Any]]:
+    """The ``complete.json`` of each durable checkpoint of ``name`` in the store, oldest first."""
+    found = [remote.read_json(f"{name}/{cid}/{COMPLETE}") for cid in remote.names(name) if cid != LEASE]
+    return sorted((c for c in found if c), key=lambda c: (c.get("created", 0), c.get("id", "")))
+
+
+def latest(remote: ObjectStore, name: str) -> dict[str, Any] | None:
+    items = completed(remote, name)
+    return items[-1] if items else None
+
+
+def kernels(remote: ObjectStore) -> dict[str, dict[str, Any]]:
+    """Every name in the user's prefix that has a durable checkpoint, with its newest one."""
+    out = {}
+    for name in remote.names():
+        newest = latest(remote, name)
+        if newest is not None:
+            out[name] = newest
+    return out
+
+
+def download(remote: ObjectStore, store: Store, complete: dict[str, Any], progress: Progress | None = None) -> Checkpoint:
+    """Bring a durable checkpoint and its process's files into the local store (ranged reads in
+    parallel), checked against the sizes ``complete.json`` lists and, at restore, the manifest's
+    digests. The process record is rewritten for this node: suspended in that checkpoint, and
+    where the process's folder was on the node that made it (``moved_from``), so the restore
+    hands the process its files here."""
+    name, cid = complete["name"], complete["id"]
+    final = store.checkpoints_root / cid
+    proc_dir = store.proc_dir(name)
+    if not final.is_dir():
+        tmp = make_private_dir(store.checkpoints_root / f".tmp-{cid}")
+        objects: dict[str, int] = complete["objects"]
+        pairs = []
+        for key, size in objects.items():
+            section, rel = key.split("/", 1)
+            local = (tmp if section == "checkpoint" else proc_dir) / rel
+            make_private_dir(local.parent)
+            pairs.append((f"{name}/{cid}/{key}", str(local), int(size)))
+        total = sum(p[2] for p in pairs)
+        try:
+            remote.get_files(pairs, (lambda done: progress(done, total)) if progress else None)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        tighten_permissions(tmp)
+        try:
+            read_manifest(tmp)
+        except CheckpointDamagedError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointDamagedError(f"Checkpoint {cid} in {remote!r} is damaged: {e.message}",
+                                         "Restore an older checkpoint or start fresh.") from e
+        write_json_atomic(tmp / MARKER, {"state": "done", "store": repr(remote), "at": time.time()})
+        os.rename(tmp, final)
+    rec = cast(ProcRecord, read_json(proc_dir / "run.json") or {"name": name})
+    rec = cast(ProcRecord, {k: v for k, v in rec.items() if k != "restoring"})
+    rec.update({"state": "checkpointed", "pid": None, "checkpoint": cid})
+    if complete.get("proc_dir") and complete["proc_dir"] != str(proc_dir):
+        rec["moved_from"] = complete["proc_dir"]
+    store.write_proc(name, rec)
+    return store.get(cid)
+
+
+def relocated_files(images: Path, old_dir: str, new_dir: Path) -> dict[str, str]:
+    """The files the image has open below the process's folder on the node that made it, each
+    mapped to its copy below the folder here (for CRIU's ``--inherit-fd``: the image names the
+    paths of the other node)."""
+    old = old_dir.rstrip("/") + "/"
+    moved = {}
+    for f in read_image(images).files:
+        path = f.path if f.path.startswith("/") else f"/{f.path}"
+        if path.startswith(old) and stat.S_ISREG(f.mode) and (new_dir / path[len(old):]).is_file():
+            moved[path] = str(new_dir / path[len(old):])
+    return moved
+
+
+class LeaseHeldError(StateError):
+    """Another node restored the kernel and may be running it."""
+
+
+def take_lease(remote: ObjectStore, name: str, node: str) -> None:
+    """Claim ``name`` for ``node`` before restoring it: created only if no lease exists (the store
+    decides, so of two nodes racing, one wins); this node's own lease is taken again."""
+    if remote.write_json(f"{name}/{LEASE}", {"node": node, "since": time.time(), "pid": os.getpid()}, create=True):
+        return
+    held = remote.read_json(f"{name}/{LEASE}") or {}
+    if held.get("node") == node:
+        return
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(held.get("since", 0)))
+    raise LeaseHeldError(
+        f"Kernel {name} is running on {held.get('node', 'another node')} (restored there at {since}); it is not "
+        f"restored here as well.",
+        f"Suspend or shut it down there; it can then be restored here. If that node is gone for good, delete "
+        f"{remote!r}/{name}/{LEASE} and try again.")
+
+
+def release_lease(remote: ObjectStore, name: str, node: str) -> None:
+    """Give ``name`` back (it is durable in the store again, or gone); never another node's lease."""
+    held = remote.read_json(f"{name}/{LEASE}")
+    if held is not None and held.get("node") == node:
+        remote.delete(f"{name}/{LEASE}")
+
+
+def forget(remote: ObjectStore, name: str) -> None:
+    """Delete everything of ``name`` in the store (the kernel was shut down)."""
+    remote.delete(name, recursive=True)
