@@ -140,7 +140,6 @@ class ForkHandler(GPUCRHandler):
             raise web.HTTPError(400, "'count' is a whole number.")
         ids = await KernelForker(self.service).fork(kernel_id, count, "auto" if gpu is None else str(gpu))
         mkm = self.service.kernel_manager
-        self.set_status(201)
         self.finish(json.dumps({"kernels": [mkm.kernel_model(k) for k in ids]}, default=str))
 
 

@@ -66,6 +66,10 @@ async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverap
     # the same x, array, model output and next random number (RNG state copied), in copy 2 and the source
     assert shown[0] == shown[1] and shown[0].startswith("42 1999999000000 "), shown
     assert (await _run(jp_ws_fetch, forks[0], "print(x)")) == "0"
+    # a fork that reseeds draws its own numbers (the hook frameworks call for diverging forks)
+    draw = "print(torch.rand(1).item())"
+    reseeded = await _run(jp_ws_fetch, forks[0], f"import gpucr_hooks; gpucr_hooks.reseed(); {draw}")
+    assert reseeded != await _run(jp_ws_fetch, kid, draw)
     # the file the source had open for writing: the fork writes to a copy of its own
     source_file = await _run(jp_ws_fetch, kid, "print(os.path.realpath(log.name))")
     fork_file = await _run(jp_ws_fetch, forks[0], "print(os.path.realpath('/proc/self/fd/%d' % log.fileno()))")
