@@ -11,7 +11,7 @@
 #    last successful run; --force or GPUCR_SETUP_FORCE=1 redoes it),
 # 4. installs CRIU 4.2+ as .venv/bin/criu via scripts/install-criu.sh (a self-contained bundle),
 # 5. installs jupyterhub and jupyterhub-idle-culler (pip) and configurable-http-proxy (npm, into .venv/node)
-#    for the real JupyterHub test.
+#    for the real JupyterHub test, and OpenHands' Jupyter kernel client (.venv/openhands-client) for the agent tests.
 # Exits non-zero with a message on the first failure.
 set -euo pipefail
 
@@ -127,6 +127,13 @@ if ! command -v configurable-http-proxy >/dev/null && [ ! -x "$CHP" ]; then
         || fail "npm install configurable-http-proxy failed"
 fi
 say "  jupyterhub $("$VPY" -c 'import jupyterhub; print(jupyterhub.__version__)'), configurable-http-proxy: ok"
+# OpenHands' Jupyter kernel client for tests/agents/test_agents.py: the package itself does not install on
+# Python 3.11 (docs/agents.md says why), its client module needs only tornado and tenacity. Kept out of the
+# venv's import path: the test loads that one file.
+OH="$VENV/openhands-client"
+[ -f "$OH/openhands/runtime/plugins/jupyter/execute_server.py" ] \
+    || "$VPY" -m pip install -q --no-deps --target "$OH" 'openhands-ai==0.9.8' 'tenacity>=8.5,<9' \
+    || fail "pip install --no-deps --target $OH openhands-ai==0.9.8 tenacity failed"
 
 STEP="done"
 say "done in $(elapsed): $("$VENV/bin/criu" --version | sed -n 's/^Version: */CRIU /p') at .venv/bin/criu; activate with: . .venv/bin/activate"

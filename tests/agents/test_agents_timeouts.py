@@ -17,7 +17,7 @@ from autogen_ext.code_executors.docker_jupyter import DockerJupyterCodeExecutor
 from autogen_ext.code_executors.docker_jupyter._jupyter_server import JupyterConnectionInfo  # not exported in 0.7.5
 
 from tests.agent_servers import TOKEN, Served, kill_leftovers
-from tests.agents.test_agents import _only_kernel
+from tests.agents.test_agents import _only_kernel, openhands_action, openhands_client
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import collect, request, send
 
@@ -33,12 +33,15 @@ CriuEngine.resume = _slow_resume
 
 
 @pytest.fixture
-def gateway(tmp_path):
+def gateway(request, tmp_path):
+    """A gateway whose restores first sleep as many seconds as ``gw.delay`` (a file) says; without
+    a token for OpenHands' client, which sends none."""
     criu_or_skip()
     delay = tmp_path / "delay"
     config = tmp_path / "slow_restore.py"
     config.write_text(SLOW_RESTORE.format(delay=str(delay)))
-    gw = Served("gateway", tmp_path / "root", tmp_path / "store", f"--config={config}")
+    token = "" if "openhands" in request.function.__name__ else TOKEN
+    gw = Served("gateway", tmp_path / "root", tmp_path / "store", f"--config={config}", token=token)
     gw.delay = delay
     try:
         yield gw
@@ -112,3 +115,23 @@ async def test_a_restore_longer_than_the_clients_timeouts(gateway: Served) -> No
         ws.close()
     finally:
         await executor.stop()
+
+
+async def test_openhands_times_out_during_a_restore_and_its_next_action_finds_the_kernel(gateway: Served) -> None:
+    """OpenHands' client gives an action ``timeout`` seconds (120 by default; 1 here), then sends
+    ``POST /interrupt`` and reports the timeout: the action waiting for the restore is cancelled
+    and never runs, the restore goes on, the agent's next action gets the kernel's state."""
+    gw, delay = gateway, Path(gateway.delay)
+    delay.write_text("4")
+    await gw.wait_ready()
+    kernel = openhands_client().JupyterKernel(f"127.0.0.1:{gw.port}", "conversation-1")
+    try:
+        await kernel.initialize()  # as its plugin does before the first action
+        assert (await kernel.execute(openhands_action("x = 41\nprint(x)"))).strip() == "41"
+        await gw.suspend(kernel.kernel_id)
+        assert await kernel.execute("x = 0\nprint('ran')", timeout=1) == "[Execution timed out (1 seconds).]"
+        assert await gw.state(kernel.kernel_id) == "restoring"  # the interrupt did not stop the restore
+        assert (await kernel.execute(openhands_action("print(x)"))).strip() == "41"
+        assert "1 waiting request(s) cancelled" in gw.log.read_text()
+    finally:
+        await kernel.shutdown_async()
