@@ -39,6 +39,7 @@ from ..core.procs import is_alive, tree, wait_gone
 from ..core.store import ProcRecord, Store, make_private_dir, write_json_atomic
 from .caller import caller_of, cgroup_of, move_tree
 from .guard import Owner, RestoreGuard, deleted_files
+from .heldports import give_to_owner, lent_to_root, listening_ports
 from .listener import Connection, Credentials, Limits, Listener
 from .ownership import check_credentials, freeze_checked, launched
 from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, error_from, printable
@@ -181,12 +182,15 @@ class Daemon:
         if not (isinstance(beside, dict) and all(isinstance(k, str) and isinstance(v, int) and v >= 0
                                                  for k, v in beside.items())):
             raise ProtocolError("gpu_bytes_beside must map GPU UUIDs to byte counts.")
-        running = cr.restore(name, gpu, ckpt.id, progress, True, beside)
+        ports = listening_ports(ckpt.images)
+        with lent_to_root(peer.pid, peer.uid, ports):  # a waker's held ports: see heldports
+            running = cr.restore(name, gpu, ckpt.id, progress, True, beside)
         try:
             _check_owner(cr.store.procs_root / name, running.record, peer)
         except GPUCRError:
             _kill_tree(running.pid)
             raise
+        give_to_owner(running.pid, peer.uid, ports)
         return {**self._adopt(peer, running), "timings": running.timings}
 
     def op_recover(self, peer: Peer, name: str) -> dict[str, Any]:
