@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 import urllib.parse
@@ -15,6 +16,8 @@ from typing import Any
 from ..core.activation import WakeOn
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError, StateError
+from ..core.group import join as join_group
+from ..core.group import member_log, members
 from ..core.store import ProcRecord
 from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
@@ -58,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="checkpoint the process after S seconds without connections and CPU use (needs --wake-on)")
     s.add_argument("--wake-on", action="append", default=[], metavar="ADDR",
                    help="tcp:HOST:PORT or unix:PATH the process listens on: a connection there restores it (repeatable)")
+    s.add_argument("--group", metavar="SESSION", help="start the process as member NAME of SESSION (started with "
+                   "its first member): its members are checkpointed, paused and restored together")
     s.add_argument("command", nargs=argparse.REMAINDER)
     s = add("checkpoint", help="checkpoint a process (by default it is gone afterwards, its GPU free)")
     s.add_argument("target", help="NAME or PID")
@@ -107,6 +112,8 @@ def _ls_text(items: list[dict[str, Any]]) -> str:
                      f"{_size(latest.get('size')):>10} {_when(latest.get('created'))}")
         if it.get("waker"):
             lines.append(f"  {_waker_line(it['state'], it['waker'])}")
+        lines.extend(f"  member {m['name']:17} {m['state']:13} {m.get('pid') or '-':>8} {shlex.join(m['command'])}"
+                     for m in it.get("members", []))
         lines.extend(f"  damaged: {problem}" for problem in it.get("damaged", []))
     return "\n".join(lines)
 
@@ -148,6 +155,12 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         if bool(wake_on) != (args.idle_timeout is not None):
             raise StateError("--idle-timeout and --wake-on go together.",
                              "Example: gpucr run --name api --idle-timeout 300 --wake-on tcp:127.0.0.1:8000 -- CMD")
+        if args.group:
+            m = join_group(cr, args.group, args.name, command, args.cwd, wake_on=wake_on, idle_timeout=args.idle_timeout)
+            said = f"Started {m.name!r} in the session {args.group!r} as PID {m.pid}; its output in {member_log(cr, args.group, m.name)}"
+            if wake_on:
+                said += f"; the session pauses after {args.idle_timeout:g} s idle, woken on {', '.join(map(str, wake_on))}"
+            return m.record, said
         r = cr.run(args.name, command, cwd=args.cwd)
         said = f"Started {r.name!r} as PID {r.pid}; logs in {cr.store.proc_dir(r.name)}"
         if wake_on:
@@ -174,6 +187,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return [f.record for f in forks], "\n".join(_fork_line(f.record) for f in forks)
     if args.cmd == "ls":
         items = [it | {"waker": w} if (w := read_status(cr.store, it["name"])) else it for it in cr.list()]
+        items = [it | {"members": members(cr, it["name"], it)} if "members" in it else it for it in items]
         return items, _ls_text(items)
     if args.cmd == "rm":
         removed = cr.remove(args.target, kill=args.kill)

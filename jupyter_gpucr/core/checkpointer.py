@@ -151,8 +151,13 @@ class Checkpointer:
 
     # -- start ---------------------------------------------------------------------------
     def run(self, name: str, command: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
-            detach: bool = True) -> Running:
-        """Start ``command`` in its own namespaces, output to log files in the store."""
+            detach: bool = True, group: str | None = None) -> Running:
+        """Start ``command`` in its own namespaces, output to log files in the store. With ``group``:
+        as member ``name`` of that session, which is checkpointed and restored as one (``group.join``)."""
+        if group is not None:
+            from .group import join  # it imports the waker, which imports this module
+
+            return join(self, group, name, command, cwd, env)
         if not command:
             raise StateError("No command given.", "Usage: gpucr run --name NAME -- CMD ARGS...")
         d = self.store.proc_dir(name)
