@@ -200,6 +200,10 @@ def release_lease(remote: ObjectStore, name: str, node: str) -> None:
         remote.delete(f"{name}/{LEASE}")
 
 
-def forget(remote: ObjectStore, name: str) -> None:
-    """Delete everything of ``name`` in the store (the kernel was shut down)."""
+def forget(remote: ObjectStore, name: str, node: str) -> None:
+    """Delete everything of ``name`` in the store (the kernel was shut down here); not while
+    another node holds its lease (it runs there: this node's listing of it was stale)."""
+    held = remote.read_json(f"{name}/{LEASE}")
+    if held is not None and held.get("node") != node:
+        raise LeaseHeldError(f"Kernel {name} runs on {held.get('node')}; its objects are kept.", "")
     remote.delete(name, recursive=True)

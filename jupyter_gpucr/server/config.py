@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, Union, default, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, Union, default, validate
 from traitlets.config import Configurable
 
 from ..core.checkpointer import NETWORK_LOCK_HOLD
@@ -17,7 +17,22 @@ class GPUCR(Configurable):
 
     store = Unicode(
         "", config=True,
-        help="Checkpoint store directory. Empty: $GPUCR_STORE, else ~/.local/share/jupyter-gpucr.",
+        help="Where checkpoints go: a directory, or object storage as a URL ('s3://bucket/prefix', 'gs://...', "
+        "'file:///shared/dir'; each user's checkpoints under PREFIX/USER, USER being $JUPYTERHUB_USER or the login "
+        "name). With a URL a kernel is 'uploading' after its suspend and 'suspended' once all of it is in the store, "
+        "and a server on another node with the same store lists it and restores it there. Empty: $GPUCR_STORE, else "
+        "~/.local/share/jupyter-gpucr.",
+    )
+    store_options = Dict(
+        config=True,
+        help="Options of the object store (fsspec's storage_options: for s3, e.g. {'endpoint_url': ..., 'key': ..., "
+        "'secret': ..., 'profile': ...}). Empty: the standard AWS_* variables (AWS_ENDPOINT_URL included) and profiles.",
+    )
+    cache_dir = Unicode(
+        "", config=True,
+        help="With object storage: this node's directory for checkpoints being uploaded or downloaded (the local copy "
+        "of each is kept, and restores here without a download). Empty: ~/.local/share/jupyter-gpucr. Keep it at "
+        "the same path on every node.",
     )
     engine = Enum(
         ["auto", "criu", "snapshot"], default_value="auto", config=True,

@@ -2,7 +2,8 @@
 restoring [-> waiting-for-room -> restoring] -> running``, with the failure edges
 ``suspending -> running`` (the kernel keeps running) and ``restoring`` or ``waiting-for-room ->
 suspended`` (the checkpoint is kept). A restore waits for room while idle kernels are suspended
-to make it (``room.py``).
+to make it (``room.py``). With object storage a suspend passes through ``uploading`` (the kernel
+is on this node's disk, its upload under way) before ``suspended`` (every object in the store).
 
 :meth:`KernelLifecycle.transition` is the only place a state changes, and every change is
 emitted on jupyter_server's event bus, so the REST API, the events and the UI cannot disagree.
@@ -24,17 +25,19 @@ from ..core.errors import StateError
 STATE_SCHEMA_PATH = Path(__file__).parent / "schemas" / "kernel-state.json"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
 PHASES = ["trimming", "gpu-checkpoint", "dumping", "verifying", "done", "restoring", "gpu-restore", "failed",
-          "pending", "cancelled", "waiting-for-room"]
+          "pending", "cancelled", "waiting-for-room", "uploading", "downloading"]
 #: Kernel-state properties that events carry besides kernel_id, state and the progress fields.
 EVENT_FIELDS = ["error", "hint", "notebook_path", "restored_at", "suspended_for", "lost", "room", "made_room_for"]
 
 RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
 WAITING = "waiting-for-room"
+UPLOADING = "uploading"
 TRANSITIONS: dict[str, set[str]] = {
     RUNNING: {PENDING, SUSPENDING},
     PENDING: {RUNNING, SUSPENDING},
-    SUSPENDING: {RUNNING, SUSPENDED},
-    SUSPENDED: {RESTORING},
+    SUSPENDING: {RUNNING, SUSPENDED, UPLOADING},
+    SUSPENDED: {RESTORING, UPLOADING},
+    UPLOADING: {SUSPENDED, RESTORING},
     RESTORING: {RUNNING, SUSPENDED, WAITING},
     WAITING: {RESTORING, SUSPENDED},
 }
@@ -128,8 +131,8 @@ class KernelLifecycle(LoggingConfigurable):
         return st.state if st else RUNNING
 
     def is_on_disk(self, kernel_id: str) -> bool:
-        """Suspended or being restored: there is no kernel process to talk to."""
-        return self.state_of(kernel_id) in (SUSPENDED, RESTORING, WAITING)
+        """Suspended (or uploading) or being restored: there is no kernel process to talk to."""
+        return self.state_of(kernel_id) in (SUSPENDED, RESTORING, WAITING, UPLOADING)
 
     def is_suspending(self, kernel_id: str) -> bool:
         return self.state_of(kernel_id) == SUSPENDING

@@ -23,6 +23,7 @@ from jupyter_core.utils import ensure_async
 from ..core import gpus, pagecache
 from ..core.backend import CheckpointBackend
 from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFoundError, StateError
+from ..core.objectstore import ObjectStore
 from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store, read_json, write_json_atomic
 from ..core.writeback import WritebackWhileWriting
@@ -32,8 +33,10 @@ from .config import GPUCR
 from .dormant import Saved
 from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .kernels import Kernels
-from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, KernelLifecycle, KernelState
+from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, UPLOADING, KernelLifecycle, KernelState
 from .provisioner import GPUCRProvisioner
+from .remote import RemoteKernels, local_root, remote_url
+from .room import RoomMaker
 
 #: A kernel's record beside its process files (procs/KERNEL_ID/), for listing it after a crash.
 KERNEL_RECORD = "kernel.json"
@@ -71,7 +74,7 @@ class KernelSuspender:
         self.log = log
         self.kernel_manager = kernel_manager
         self.lifecycle = lifecycle
-        store = Store(config.store or None)
+        store = Store(local_root(config))
         self.backend = choose_backend(config)
         self.checkpointer: CheckpointBackend = build_checkpointer(config, self.backend, store,
                                                                   config.max_store_bytes or _half_of_disk(store))
@@ -84,6 +87,9 @@ class KernelSuspender:
         self._background: set[asyncio.Task[None]] = set()
         self._prefetched: dict[str, str] = {}  # kernel id -> the checkpoint id read into the page cache
         self.stopping = False
+        self.room = RoomMaker(self, lifecycle.event_logger)  # suspends idle kernels for one that needs their memory
+        url = remote_url(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
+        self.remote = RemoteKernels(ObjectStore(url, config.store_options), store, lifecycle, log, config.keep_last) if url else None
 
     @property
     def store(self) -> Store:
@@ -183,6 +189,8 @@ class KernelSuspender:
     async def _suspend_now(self, kernel_id: str, reason: str, engine_name: str | None) -> KernelState:
         km = await self._suspendable(kernel_id)
         engine, why = choose_engine(self.engines, km, engine_name or self.options.engine)
+        if self.remote:  # a store that does not answer leaves the kernel running
+            await self.remote.check()
         self.lifecycle.transition(kernel_id, SUSPENDING, "trimming", error=None, hint=None, engine=engine.name,
                                   engine_reason=why)
         offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_DIR if engine.name == "criu" else None
@@ -201,7 +209,8 @@ class KernelSuspender:
                          "offload": (trim or {}).get("offload")}
                 ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), kernel.detach)
                 st = self.lifecycle.transition(  # before the connections settle: they answer from disk
-                    kernel_id, SUSPENDED, "done", suspended_at=time.time(), checkpoint=ckpt.summary(), gpu=None,
+                    kernel_id, UPLOADING if self.remote else SUSPENDED, "uploading" if self.remote else "done",
+                    suspended_at=time.time(), checkpoint=ckpt.summary(), gpu=None,
                     kind=_kind(ckpt), lost=ckpt.manifest.get("snapshot", {}).get("lost", []), trim=trim,
                     timings=ckpt.manifest.get("timings", {}), warnings=[])
         except BaseException as e:
@@ -211,6 +220,8 @@ class KernelSuspender:
             raise err from (None if err is e else e)
         self.log.info("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
                       ckpt.size >> 20, st.timings.get("total", 0))
+        if self.remote:
+            self.remote.upload_later(kernel_id, ckpt)
         return st
 
     async def _suspendable(self, kernel_id: str) -> Any:
@@ -369,21 +380,26 @@ class KernelSuspender:
         async with self.operation(kernel_id):
             km = self._kernel(kernel_id)
             st = self.lifecycle.get(kernel_id)
-            if st.state != SUSPENDED:
+            if st.state not in (SUSPENDED, UPLOADING):
                 return st
             suspended_at = st.suspended_at or time.time()
             st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
             self.lifecycle.transition(kernel_id, RESTORING, "restoring", error=None, hint=None)
             try:
+                if self.remote:  # claimed for this node, downloaded if another node made it
+                    await self.remote.fetch(kernel_id, self._progress(kernel_id))
                 ckpt = self._latest(kernel_id)
                 engine = self.engines[ckpt.manifest.get("engine", "criu")]
-                started = time.perf_counter()
-                resumed = await engine.resume(kernel_id, km, ckpt, gpu, self._progress(kernel_id))
-                returned = time.perf_counter()
+                async with self.room.for_restore(kernel_id, ckpt, gpu) as target:
+                    started = time.perf_counter()
+                    resumed = await engine.resume(kernel_id, km, ckpt, target, self._progress(kernel_id))
+                    returned = time.perf_counter()
             except BaseException as e:
                 err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
                 self.log.warning("gpucr: restoring kernel %s failed: %s %s", kernel_id, err.message, err.hint)
                 self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=err.message, hint=err.hint)
+                if self.remote:
+                    await self.remote.give_back(kernel_id)
                 raise err from (None if err is e else e)
             # The restore may hand the kernel back before all its memory is in (engine.settled);
             # if the rest never comes it was stopped, possibly while the connections wait for it.
@@ -484,6 +500,8 @@ class KernelSuspender:
         self._prefetched.pop(kernel_id, None)
         if self.stopping:
             return
+        if self.remote:
+            self.remote.forget_later(kernel_id)
         trash_id = self.store.trash(kernel_id, reason, {"notebook_path": path})
         self.log.info("gpucr: the saved state of kernel %s is in the trash as %s for %s h (%s)", kernel_id, trash_id,
                       self.options.trash_hours, reason)
@@ -500,6 +518,8 @@ class KernelSuspender:
         self._prefetched.pop(kernel_id, None)
         if self.stopping:
             return
+        if self.remote:
+            self.remote.forget_later(kernel_id)
         try:
             self.checkpointer.remove(kernel_id, kill=False)
         except NotFoundError:
@@ -583,6 +603,8 @@ class KernelSuspender:
                 await self._relist(name)
             except GPUCRError as e:
                 self.log.error("gpucr: kernel %s could not be listed again: %s", name, e)
+        if self.remote:  # unfinished uploads, and the kernels suspended into the store elsewhere
+            await self.remote.relist(self)
         self.store.collect_garbage(set(self.store.proc_names()))
 
     async def _relist(self, name: str) -> None:
@@ -625,7 +647,8 @@ class KernelSuspender:
         return st
 
     async def suspend_all(self, reason: str = "server-stop") -> dict[str, str]:
-        """Suspend every running kernel within the stop budget; return failures by kernel id."""
+        """Suspend every running kernel within the stop budget (uploads included); return failures by kernel id."""
+        deadline = time.monotonic() + self.options.stop_budget
         for kernel_id in list(self._pending):
             self.cancel_pending(kernel_id)
         running = [k for k in self.kernel_manager.list_kernel_ids() if self.lifecycle.state_of(k) == RUNNING]
@@ -645,6 +668,8 @@ class KernelSuspender:
             for k, t in tasks.items():
                 if t in pending:
                     failures[k] = f"not finished within the stop budget of {self.options.stop_budget:.0f} s"
+        if self.remote:
+            await self.remote.wait_uploads(deadline - time.monotonic())
         return failures
 
 

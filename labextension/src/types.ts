@@ -18,7 +18,8 @@ export type Timestamp = string | number;
 /**
  * The lifecycle of a kernel as the server reports it. `suspend-pending`: a
  * suspend waits for the running cell to finish. `waiting-for-room`: a restore
- * waits while idle kernels are suspended to make room for it.
+ * waits while idle kernels are suspended to make room for it. `uploading`: on
+ * this node's disk, its checkpoint going to the object store.
  */
 export type KernelStateName =
   | 'running'
@@ -26,7 +27,8 @@ export type KernelStateName =
   | 'suspending'
   | 'suspended'
   | 'restoring'
-  | 'waiting-for-room';
+  | 'waiting-for-room'
+  | 'uploading';
 
 /** The checkpoint engines: criu (whole process), snapshot (saved variables). */
 export type EngineName = 'criu' | 'snapshot';
@@ -46,7 +48,9 @@ export type Phase =
   | 'failed'
   | 'pending'
   | 'cancelled'
-  | 'waiting-for-room';
+  | 'waiting-for-room'
+  | 'uploading'
+  | 'downloading';
 
 /** When a suspend happens: now, once the running cell ends, or after interrupting it. */
 export type SuspendWhen = 'now' | 'idle' | 'interrupt';

@@ -17,6 +17,7 @@ from jupyter_gpucr.server.lifecycle import (
     RUNNING,
     SUSPENDED,
     SUSPENDING,
+    UPLOADING,
     WAITING,
     KernelLifecycle,
     KernelState,
@@ -121,7 +122,7 @@ def test_unknown_fields_are_a_programming_error(recorded):
 
 def test_the_state_matches_its_schema():
     assert set(KernelState("k").to_dict()) == set(state_schema()["properties"])
-    assert state_schema()["properties"]["state"]["enum"] == [RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING, WAITING]
+    assert state_schema()["properties"]["state"]["enum"] == [RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING, WAITING, UPLOADING]
 
 
 def test_the_rest_docs_describe_every_property():

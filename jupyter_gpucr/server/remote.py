@@ -1,0 +1,149 @@
+"""The server's side of object storage (``c.GPUCR.store = "s3://..."``, see ``core/upload.py``).
+
+Before a suspend the store is asked once whether it answers, so a store that is down or refuses
+the credentials leaves the kernel running with the reason. After the dump the kernel is
+``uploading`` (its GPU is free, its local copy is kept and restores here) and becomes
+``suspended`` once every object is in the store. A restore first claims the kernel's lease and
+downloads its newest checkpoint when this node does not have it. At start, uploads an earlier
+server left unfinished are redone and the kernels other nodes left in the store are listed.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..core import upload
+from ..core.errors import GPUCRError
+from ..core.objectstore import ObjectStore, is_url
+from ..core.store import Checkpoint, Manifest, Store
+from .config import GPUCR
+from .lifecycle import SUSPENDED, UPLOADING, KernelLifecycle
+
+if TYPE_CHECKING:
+    from .service import KernelSuspender
+
+
+def remote_url(config: GPUCR) -> str | None:
+    """The object store's URL when ``c.GPUCR.store`` (else ``$GPUCR_STORE``) is one."""
+    url = config.store or os.environ.get("GPUCR_STORE", "")
+    return url if is_url(url) else None
+
+
+def local_root(config: GPUCR) -> str | None:
+    """The local store's directory: the cache directory with object storage, else the store itself."""
+    return (config.cache_dir or None) if remote_url(config) else (config.store or None)
+
+
+class RemoteKernels:
+    """Uploads, downloads, listing and leases of one server's kernels in one object store."""
+
+    def __init__(self, remote: ObjectStore, store: Store, lifecycle: KernelLifecycle, log: Any, keep_last: int) -> None:
+        self.remote, self.store, self.lifecycle, self.log, self.keep_last = remote, store, lifecycle, log, keep_last
+        self.node = upload.node_id(store)
+        self._uploads: dict[str, asyncio.Task[None]] = {}
+
+    async def check(self) -> None:
+        """Raise :class:`ObjectStoreError` (the kernel is not touched) when the store does not answer."""
+        await asyncio.to_thread(self.remote.probe)
+
+    # -- suspend ----------------------------------------------------------------------------
+    def upload_later(self, kernel_id: str, ckpt: Checkpoint) -> None:
+        """Upload in the background; the kernel is ``uploading`` until then (set by the caller)."""
+        self._uploads[kernel_id] = task = asyncio.ensure_future(self._upload(kernel_id, ckpt))
+        task.add_done_callback(lambda t: self._uploads.pop(kernel_id, None) if self._uploads.get(kernel_id) is t else None)
+
+    async def _upload(self, kernel_id: str, ckpt: Checkpoint) -> None:
+        loop = asyncio.get_running_loop()
+
+        def report(done: int, total: int) -> None:
+            loop.call_soon_threadsafe(self.lifecycle.progress, kernel_id, "uploading", done, total)
+
+        try:
+            moved = await asyncio.to_thread(upload.upload, self.remote, self.store, ckpt, report, self.keep_last)
+        except GPUCRError as e:
+            self.log.error("gpucr: kernel %s: %s %s", kernel_id, e.message, e.hint)
+            if self.lifecycle.state_of(kernel_id) == UPLOADING:
+                self.lifecycle.transition(
+                    kernel_id, SUSPENDED, "failed", error=f"{e.message} The kernel is suspended on this node's disk only "
+                    f"({ckpt.path}): it restores here, not on another node.",
+                    hint="The upload is redone at the next server start; check the store, then restart the server.")
+            return
+        self.log.info("gpucr: kernel %s is in %r: %d MiB in %d objects in %.2f s", kernel_id, self.remote,
+                      moved["bytes"] >> 20, moved["objects"], moved["seconds"])
+        state = self.lifecycle.state_of(kernel_id)
+        if state == UPLOADING:
+            st = self.lifecycle.get(kernel_id)
+            self.lifecycle.transition(kernel_id, SUSPENDED, "done", timings={**st.timings, "upload": moved["seconds"]})
+        if state in (UPLOADING, SUSPENDED):  # durable again: any node may restore it now
+            await asyncio.to_thread(upload.release_lease, self.remote, kernel_id, self.node)
+
+    async def wait_uploads(self, timeout: float) -> list[str]:
+        """Wait (at most ``timeout`` s) for the uploads under way; the kernel ids not done by then."""
+        tasks = dict(self._uploads)
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=max(timeout, 0.1))
+        late = [k for k, t in tasks.items() if not t.done()]
+        for kernel_id in late:
+            self.log.warning("gpucr: kernel %s is suspended on this node's disk; its upload to %r did not finish in the "
+                             "stop budget and is redone at the next start", kernel_id, self.remote)
+        return late
+
+    # -- restore ----------------------------------------------------------------------------
+    async def fetch(self, kernel_id: str, progress: Any) -> None:
+        """Claim the kernel for this node (the lease), then make sure its newest durable checkpoint
+        is on this node's disk, downloading it if needed."""
+        await asyncio.to_thread(upload.take_lease, self.remote, kernel_id, self.node)
+        newest = await asyncio.to_thread(upload.latest, self.remote, kernel_id)
+        local = self.store.latest(kernel_id) if self.store.list_checkpoints(kernel_id) else None
+        if newest is None or (local is not None and (local.id == newest["id"] or local.created >= newest["created"])):
+            return
+        t0 = time.perf_counter()
+        await asyncio.to_thread(upload.download, self.remote, self.store, newest,
+                                lambda done, total: progress("downloading", done, total))
+        self.log.info("gpucr: downloaded checkpoint %s of kernel %s from %r (%d MiB in %.2f s)", newest["id"], kernel_id,
+                      self.remote, newest.get("bytes", 0) >> 20, time.perf_counter() - t0)
+
+    async def give_back(self, kernel_id: str) -> None:
+        """A restore failed: the kernel stays suspended, and other nodes may restore it."""
+        try:
+            await asyncio.to_thread(upload.release_lease, self.remote, kernel_id, self.node)
+        except GPUCRError as e:
+            self.log.warning("gpucr: the lease of kernel %s was not released: %s", kernel_id, e)
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def forget_later(self, kernel_id: str) -> None:
+        """The kernel was shut down: its objects go (its local trash keeps what the user may want back)."""
+        async def forget() -> None:
+            try:
+                await asyncio.to_thread(upload.forget, self.remote, kernel_id, self.node)
+            except GPUCRError as e:
+                self.log.warning("gpucr: the objects of kernel %s stay in %r: %s", kernel_id, self.remote, e)
+
+        asyncio.ensure_future(forget())
+
+    # -- server start -----------------------------------------------------------------------
+    async def relist(self, service: KernelSuspender) -> None:
+        """Redo the uploads an earlier server left unfinished, then list the kernels this user has
+        suspended in the store on other nodes (or before this node's cache was emptied)."""
+        for ckpt in upload.pending(self.store):
+            if self.lifecycle.state_of(ckpt.name) == SUSPENDED and self.store.latest(ckpt.name).id == ckpt.id:
+                self.log.warning("gpucr: kernel %s: redoing the upload an earlier server did not finish", ckpt.name)
+                self.lifecycle.transition(ckpt.name, UPLOADING, "uploading")
+                self.upload_later(ckpt.name, ckpt)
+        try:
+            found = await asyncio.to_thread(upload.kernels, self.remote)
+        except GPUCRError as e:
+            self.log.error("gpucr: the kernels in %r are not listed: %s %s", self.remote, e.message, e.hint)
+            return
+        for name, complete in found.items():
+            manifest: Manifest = complete["manifest"]
+            if name in service.kernel_manager or not manifest.get("kernel"):
+                continue
+            if not self.store.has_proc(name):
+                self.store.write_proc(name, {"name": name, "state": "checkpointed", "pid": None, "checkpoint": complete["id"],
+                                             "suspended_at": float(complete.get("created") or time.time())})
+            await service._list_on_disk(name, Checkpoint(complete["id"], self.store.checkpoints_root / complete["id"], manifest))
+            self.log.info("gpucr: kernel %s is listed from %r (checkpoint %s made on %s)", name, self.remote,
+                          complete["id"], complete.get("node"))

@@ -1,0 +1,122 @@
+"""Kernels suspended into object storage (moto's S3 server on localhost) by real jupyter servers,
+each with its own node-local cache directory, as on the nodes of a JupyterHub on Kubernetes."""
+from __future__ import annotations
+
+import asyncio
+import platform
+import shutil
+import time
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpucr.core.objectstore import ObjectStore
+from tests.agent_servers import Served, kill_leftovers
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import execute
+from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
+
+pytestmark = pytest.mark.timeout(300)
+
+CELL = "import numpy as np\nx = np.arange(1_000_000, dtype=np.int64)\nword = 'kept'"
+CHECK = "print(int(x.sum()), word)"
+EXPECTED = f"{sum(range(1_000_000))} kept"
+
+
+async def wait_listed(server: Served, kernel_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while kernel_id not in [k["id"] for k in await server.request("api/kernels")]:
+        assert time.monotonic() < deadline, f"kernel {kernel_id} was never listed"
+        await asyncio.sleep(0.2)
+
+
+async def test_suspended_to_s3_killed_mid_upload_restored_on_another_node(tmp_path):
+    criu_or_skip()
+    home = tmp_path / "home"  # the user's persistent home, the same on every node
+    url = f"s3://{BUCKET}/kernels"
+    servers: list[Served] = []
+    with moto_server(tmp_path / "moto.log") as endpoint:
+        env = aws_env(endpoint)
+
+        def node(cache: str) -> Served:
+            servers.append(Served("server", home, url, f"--GPUCR.cache_dir={tmp_path / cache}", env=env))
+            return servers[-1]
+
+        try:
+            a = node("cache-a")
+            await a.wait_ready()
+            session = await a.request("api/sessions", "POST", {"path": "keep.ipynb", "type": "notebook",
+                                                                "name": "keep.ipynb", "kernel": {"name": "python3"}})
+            kid = session["kernel"]["id"]
+            ws = await a.ws(kid)
+            await execute(ws, CELL)
+            ws.close()
+            st = await a.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            assert st["state"] == "uploading", st  # the GPU is free, the store does not have all of it yet
+            with environ(env):
+                store = ObjectStore(url, user=None)
+                uploading = [k for k in store.sizes(kid) if k.endswith("uploading.json")]
+                a.proc.kill()  # kill -9 mid-upload
+                a.proc.wait()
+                assert uploading and not [k for k in store.sizes(kid) if k.endswith("complete.json")]
+
+            a2 = node("cache-a")  # the same node starts again: it redoes the upload from its local copy
+            await a2.wait_ready()
+            await wait_listed(a2, kid)
+            await a2.wait_state(kid, "suspended", timeout=120)
+            shutil.rmtree(tmp_path / "cache-a")  # that node's disk is gone (its server stays, to be refused below)
+
+            b = node("cache-b")
+            await b.wait_ready()
+            await wait_listed(b, kid)
+            assert await b.state(kid) == "suspended"
+            assert [s["path"] for s in await b.request("api/sessions")] == ["keep.ipynb"]
+            ws = await b.ws(kid)
+            _, out, _ = await execute(ws, CHECK)
+            ws.close()
+            assert out.strip().splitlines()[-1] == EXPECTED
+            assert await b.state(kid) == "running"
+
+            b_node = f"{platform.node()}:{tmp_path / 'cache-b'}"
+            with pytest.raises(HTTPClientError) as refused:  # node a still lists it, but may not run it while b does
+                await a2.request(f"api/gpucr/kernels/{kid}/resume", "POST", {})
+            assert refused.value.code == 409 and f"is running on {b_node}" in str(refused.value)
+            assert await a2.state(kid) == "suspended"
+            assert a2.stop() == 0
+
+            seen = len(b.log.read_bytes())
+            assert b.stop() == 0  # SIGTERM: suspended and uploaded before the server exits
+            assert "1 kernel(s) are on disk for the next start" in b.log.read_bytes()[seen:].decode()
+            with environ(env):
+                newest = max((store.read_json(f"{kid}/{cid}/complete.json") or {"created": 0} for cid in store.names(kid)
+                              if cid != "lease.json"), key=lambda c: c["created"])
+                assert newest["node"].endswith("cache-b") and store.read_json(f"{kid}/lease.json") is None
+        finally:
+            for s in servers:
+                if s.proc.poll() is None:
+                    s.proc.kill()
+                    s.proc.wait()
+            kill_leftovers(home)
+
+
+async def test_store_down_leaves_the_kernel_running(tmp_path):
+    criu_or_skip()
+    home = tmp_path / "home"
+    server = Served("server", home, f"s3://{BUCKET}/kernels", f"--GPUCR.cache_dir={tmp_path / 'cache'}",
+                    env=aws_env(f"http://127.0.0.1:{free_port()}"))
+    try:
+        await server.wait_ready()
+        kid = await server.start_kernel()
+        ws = await server.ws(kid)
+        await execute(ws, "y = 41")
+        with pytest.raises(HTTPClientError) as failed:
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+        assert failed.value.code == 503
+        assert f"s3://{BUCKET}/kernels" in str(failed.value) and "could not be used" in str(failed.value)
+        _, out, _ = await execute(ws, "print(y + 1)")
+        assert out.strip() == "42" and await server.state(kid) == "running"
+        ws.close()
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+        kill_leftovers(home)
