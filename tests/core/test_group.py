@@ -57,6 +57,10 @@ def test_a_session_of_three_is_paused_and_woken_as_one_with_its_connections(criu
         assert [m["state"] for m in after.values()] == ["running"] * 3, after
         assert {n: m["ns_pid"] for n, m in after.items()} == {n: m["ns_pid"] for n, m in before.items()}
         print(f"first byte after the session's wake: {took:.2f} s")
+
+        os.kill(status(store_dir, "sess")["pid"], signal.SIGTERM)  # to the leader: passed on to every member
+        wait_for(lambda: status(store_dir, "sess")["state"] == "exited", 30)
+        assert [m["state"] for m in members(store_dir, "sess").values()] == ["exited (-15)"] * 3
     finally:
         waker = json.loads((store_dir / "procs" / "sess" / "waker.json").read_text()).get("pid") \
             if (store_dir / "procs" / "sess" / "waker.json").exists() else None
