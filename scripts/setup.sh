@@ -7,7 +7,7 @@
 #    debian-archive-keyring; nothing when all are present),
 # 2. creates the virtualenv .venv in the repository root with the machine's python3 (>= 3.10;
 #    override with PYTHON=/path/to/python3),
-# 3. upgrades pip and runs `pip install -e '.[test,docs]'` (skipped when pyproject.toml is unchanged since the
+# 3. upgrades pip and runs `pip install -e '.[test,docs,s3]'` (skipped when pyproject.toml is unchanged since the
 #    last successful run; --force or GPUCR_SETUP_FORCE=1 redoes it),
 # 4. installs CRIU 4.2+ as .venv/bin/criu via scripts/install-criu.sh (a self-contained bundle),
 # 5. installs jupyterhub and jupyterhub-idle-culler (pip) and configurable-http-proxy (npm, into .venv/node)
@@ -97,7 +97,7 @@ else
 fi
 
 # ------------------------------------------------------------------------------------- 3. pip install -e
-step "[3/5] pip install -e '.[test,docs]'"
+step "[3/5] pip install -e '.[test,docs,s3]'"
 want=$( { cat pyproject.toml; "$VPY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -d' ' -f1)
 if [ -z "$FORCE" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
    && "$VPY" -m pip show -q jupyter-gpucr >/dev/null 2>&1; then
@@ -105,7 +105,7 @@ if [ -z "$FORCE" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
 else
     rm -f "$STAMP"
     "$VPY" -m pip install -q --upgrade pip || fail "pip upgrade failed"
-    "$VPY" -m pip install -q -e '.[test,docs]' || fail "pip install -e '.[test,docs]' failed"
+    "$VPY" -m pip install -q -e '.[test,docs,s3]' || fail "pip install -e '.[test,docs,s3]' failed"
     printf '%s\n' "$want" >"$STAMP"
     say "  installed ($(elapsed) so far)"
 fi

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
 import urllib.parse
 from typing import Any
 
+from ..core import upload
 from ..core.activation import WakeOn
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError, StateError
 from ..core.group import join as join_group
 from ..core.group import member_log, members
-from ..core.store import ProcRecord
+from ..core.objectstore import ObjectStore, is_url
+from ..core.store import ProcRecord, name_of_id
 from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
 from .install_criu import install
@@ -42,7 +45,8 @@ def _when(ts: float | None) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpucr", description="Checkpoint and restore whole (GPU) processes.")
-    p.add_argument("--store", help="checkpoint store directory (default $GPUCR_STORE or ~/.local/share/jupyter-gpucr)")
+    p.add_argument("--store", help="checkpoint store directory (default $GPUCR_STORE or ~/.local/share/jupyter-gpucr), "
+                   "or object storage (s3://bucket/prefix: checkpoint uploads, restore downloads, the default directory caches)")
     p.add_argument("--criu", help="path to the criu binary")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     # --json works before or after the subcommand (gpucr --json ls, gpucr ls --json)
@@ -148,7 +152,9 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return _kernel_command(args)
     if args.cmd == "install-criu":
         return install(args.prefix, args.force)
-    cr = Checkpointer(args.store, criu_path=args.criu)
+    url = args.store or os.environ.get("GPUCR_STORE")
+    remote = ObjectStore(url) if url and is_url(url) else None  # then this node's default store is the cache
+    cr = Checkpointer(None if remote else args.store, criu_path=args.criu)
     if args.cmd == "run":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         wake_on = [WakeOn.parse(w) for w in args.wake_on]
@@ -172,11 +178,21 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         t = c.manifest["timings"]
         gpu = f", GPU free after {t['gpu_free']:.2f} s" if "gpu_free" in t else ""
         state = "left running" if args.leave_running else "stopped"
+        sent = ""
+        if remote is not None:
+            sent = f" Uploaded to {remote!r} in {upload.upload(remote, cr.store, c)['seconds']:.2f} s."
+            if not args.leave_running:  # durable in the store: any node may restore it now
+                upload.release_lease(remote, c.name, upload.node_id(cr.store))
         return c.summary() | {"timings": t}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "
-                                             f"process {state}.")
+                                             f"process {state}.{sent}")
     if args.cmd == "restore":
         _refuse_a_server_kernel(cr, args.name, args.checkpoint)
         cr.lazy_restore = not args.eager
+        if remote is not None and not args.checkpoint:  # claimed for this node; its newest checkpoint brought here
+            upload.take_lease(remote, args.name, upload.node_id(cr.store))
+            newest = upload.latest(remote, args.name)
+            if newest is not None and newest["id"] not in cr.store.checkpoint_ids(args.name):
+                upload.download(remote, cr.store, newest)
         r = cr.restore(args.name, gpu=args.gpu, checkpoint_id=args.checkpoint)
         where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""
         return r.record | {"timings": r.timings}, f"Restored {r.name!r} as PID {r.pid}{where} in {r.timings['total']:.2f} s."
@@ -191,6 +207,8 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return items, _ls_text(items)
     if args.cmd == "rm":
         removed = cr.remove(args.target, kill=args.kill)
+        if remote is not None and name_of_id(args.target) is None:  # a name, not one checkpoint: gone from the store too
+            upload.forget(remote, args.target, upload.node_id(cr.store))
         return {"removed": removed}, f"Removed {args.target!r} ({len(removed)} checkpoint(s))."
     if args.cmd == "recover":
         results = {args.name: cr.recover(args.name)} if args.name else cr.recover_all()

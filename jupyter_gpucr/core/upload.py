@@ -187,7 +187,7 @@ def take_lease(remote: ObjectStore, name: str, node: str) -> None:
         return
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(held.get("since", 0)))
     raise LeaseHeldError(
-        f"Kernel {name} is running on {held.get('node', 'another node')} (restored there at {since}); it is not "
+        f"{name} is running on {held.get('node', 'another node')} (restored there at {since}); it is not "
         f"restored here as well.",
         f"Suspend or shut it down there; it can then be restored here. If that node is gone for good, delete "
         f"{remote!r}/{name}/{LEASE} and try again.")
@@ -205,5 +205,5 @@ def forget(remote: ObjectStore, name: str, node: str) -> None:
     another node holds its lease (it runs there: this node's listing of it was stale)."""
     held = remote.read_json(f"{name}/{LEASE}")
     if held is not None and held.get("node") != node:
-        raise LeaseHeldError(f"Kernel {name} runs on {held.get('node')}; its objects are kept.", "")
+        raise LeaseHeldError(f"{name} runs on {held.get('node')}; its objects are kept.", "")
     remote.delete(name, recursive=True)
