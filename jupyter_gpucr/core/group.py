@@ -47,15 +47,18 @@ def join(cr: Checkpointer, group: str, name: str, command: list[str], cwd: str |
     validate_name(name, "member name")
     if not command:
         raise StateError("No command given.", "Usage: gpucr run --group SESSION --name NAME -- CMD ARGS...")
-    rec = _running_group(cr, group)
+    if wake_on and idle_timeout is None:
+        raise StateError("A wake address needs an idle timeout.", "Give both, or neither.")
+    _start_unless_running(cr, group)
     d = cr.store.proc_dir(group)
     with exclusive(d, group, f"adding {name!r} to the session"):
         rec = dict(cr.store.read_proc(group))
-        if any(m["name"] == name for m in rec.get("members", [])):
-            raise StateError(f"The session {group!r} already has a member {name!r}.", "Pick another name.")
+        if any(m["name"] == name and m["state"] == "running" for m in members(cr, group, rec)):
+            raise StateError(f"The session {group!r} already has a member {name!r} running.", "Pick another name.")
         ns_pid = _ask_leader(cr, group, cast(int, rec["pid"]), name, command, cwd or os.getcwd(), env)
         member = {"name": name, "command": command, "cwd": cwd or os.getcwd(), "ns_pid": ns_pid, "created": time.time()}
-        rec = {**rec, "members": [*rec.get("members", []), member]}
+        others = [m for m in cast(list[dict[str, Any]], rec.get("members", [])) if m["name"] != name]
+        rec = {**rec, "members": [*others, member]}
         cr.store.write_proc(group, cast(ProcRecord, rec))  # "members" is a session's own key
         if wake_on:
             _wake_on_too(cr, group, wake_on, cast(float, idle_timeout))
@@ -63,8 +66,8 @@ def join(cr: Checkpointer, group: str, name: str, command: list[str], cwd: str |
     return Running(name, host_pid, ns_pid, None, cast(ProcRecord, rec))
 
 
-def _running_group(cr: Checkpointer, group: str) -> dict[str, Any]:
-    """The record of ``group``, started now if it has none or its leader exited."""
+def _start_unless_running(cr: Checkpointer, group: str) -> None:
+    """Start the session ``group`` if it has no record or its leader exited."""
     try:
         rec: dict[str, Any] = dict(cr.store.read_proc(group))
     except GPUCRError:
@@ -75,16 +78,14 @@ def _running_group(cr: Checkpointer, group: str) -> dict[str, Any]:
         raise StateError(f"The session {group!r} is checkpointed.",
                          f"Restore it first ('gpucr restore {group}'), or connect to it to wake it, then add the member.")
     if rec.get("state") == "running" and is_alive(rec.get("pid")):
-        return rec
+        return
     for stale in members_dir(cr, group).glob("*") if rec else ():
         stale.unlink()  # an ended session's answers and logs start afresh
     os.makedirs(members_dir(cr, group), mode=0o700, exist_ok=True)
     running = cr.run(group, [sys.executable, "-I", "-S", str(LEADER), str(cr.store.proc_dir(group))], cwd="/")
-    rec = {**running.record, "members": []}
-    cr.store.write_proc(group, cast(ProcRecord, rec))
+    cr.store.write_proc(group, cast(ProcRecord, {**running.record, "members": []}))
     _await(lambda: (members_dir(cr, group) / READY).exists(), running.pid, group, "get ready",
            cr.store.proc_dir(group) / "stderr.log")
-    return rec
 
 
 def _await(done: Callable[[], object], leader: int, group: str, what: str, log: Path) -> None:
