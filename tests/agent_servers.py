@@ -43,10 +43,10 @@ class Served:
         self.log = root / f"{kind}.log"
         root.mkdir(parents=True, exist_ok=True)
         env = {**(user_env(user) if user else os.environ), "JUPYTER_RUNTIME_DIR": str(root / "runtime"), **(env or {})}
-        if kind == "gateway":
-            cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.api=jupyter_gpucr.gateway",
-                   f"--KernelGatewayApp.port={self.port}", "--KernelGatewayApp.ip=127.0.0.1",
-                   f"--KernelGatewayApp.auth_token={token}"]
+        if kind == "gateway":  # the API module on the command line, or from KG_API in ``env``
+            api = [] if "KG_API" in env else ["--KernelGatewayApp.api=jupyter_gpucr.gateway"]
+            cmd = [sys.executable, "-m", "kernel_gateway", *api, f"--KernelGatewayApp.port={self.port}",
+                   "--KernelGatewayApp.ip=127.0.0.1", f"--KernelGatewayApp.auth_token={token}"]
         else:
             cmd = [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
                    "--allow-root", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",

@@ -40,7 +40,10 @@ def served(request, tmp_path) -> Iterator[Served]:
     """Started here, waited for in the test (async fixtures need a plugin this suite does not use)."""
     criu_or_skip()
     token = "" if request.function.__name__ in NO_TOKEN else TOKEN
-    s = Served(request.param, tmp_path / "root", tmp_path / "store", *IDLE, token=token)
+    options, env = IDLE, None
+    if request.function.__name__ == "test_openhands_jupyter_kernel" and request.param == "gateway":
+        options, env = (), openhands_runtime(tmp_path)
+    s = Served(request.param, tmp_path / "root", tmp_path / "store", *options, token=token, env=env)
     try:
         yield s
     finally:
@@ -134,6 +137,17 @@ async def test_jupyter_client_through_the_websocket(served: Served) -> None:
         client.stop_channels()
         await served.wait_ready()
     GatewayClient.clear_instance()
+
+
+def openhands_runtime(tmp_path: Path) -> dict[str, str]:
+    """docs/agents.md's recipe for OpenHands' runtime image: the gateway's command line stays the
+    plugin's, the API module comes from the environment and gpucr's options from the gateway's
+    config file."""
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    (config / "jupyter_kernel_gateway_config.py").write_text(
+        "c.GPUCR.idle_timeout = 3\nc.GPUCR.idle_check_interval = 1\nc.GPUCR.suspend_connected = True\n")
+    return {"KG_API": "jupyter_gpucr.gateway", "JUPYTER_CONFIG_DIR": str(config)}
 
 
 def openhands_client() -> ModuleType:
