@@ -20,6 +20,7 @@ from .fork import fork_handlers
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness
+from .room_handlers import room_handlers
 from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
 
@@ -77,7 +78,7 @@ class GPUCRApp(ExtensionApp):
         raise SystemExit(f"gpucr: {message} {hint}")
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend([*handlers(), *fork_handlers()])
+        self.handlers.extend([*handlers(), *fork_handlers(), *room_handlers()])
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.

@@ -15,6 +15,7 @@ from tornado import web
 from ..core import gpus
 from ..core.doctor import report, run_checks
 from ..core.errors import GPUCRError
+from ..core.roomreport import room_checks
 from ..daemon.client import DaemonClient
 
 AUTH_RESOURCE = "kernels"
@@ -190,7 +191,8 @@ class DoctorHandler(GPUCRHandler):
         """The doctor's checks as this server sees them: its store, its CRIU and its daemon."""
         options = self.service.options
         daemon = DaemonClient(options.daemon_socket) if options.daemon_socket else None
-        self.finish(json.dumps(report(run_checks(self.service.checkpointer.store, options.criu_path or None, daemon))))
+        checks = run_checks(self.service.checkpointer.store, options.criu_path or None, daemon)
+        self.finish(json.dumps(report(checks + room_checks(self.service.room.report()))))
 
 
 def handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:

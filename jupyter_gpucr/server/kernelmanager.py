@@ -66,7 +66,9 @@ class GPUCRKernelManager(ServerKernelManager):
 
     async def start_kernel(self, *args: Any, **kwargs: Any) -> None:
         label = labels.given_at_start(kwargs.get("env"), self.kernel_spec.metadata if self.kernel_spec else {})
-        await super().start_kernel(*args, **kwargs)
+        kernel_id = kwargs.get("kernel_id") or self.kernel_id or "a new kernel"  # set by the start itself
+        async with self.suspender.room.for_start(kernel_id, self.kernel_spec):  # room for its declared memory
+            await super().start_kernel(*args, **kwargs)
         self.suspender.remember(self.kernel_id, self)
         if label:  # not listed by the mapping manager yet
             labels.save(self.suspender.store, self.kernel_id, label)

@@ -1,0 +1,136 @@
+"""Make room in host memory, through a real server with real kernels and CRIU: six kernels of
+SIZE each under a budget of three, users taking turns in a scripted order. Every cell gets its
+answer, the kernels' processes never hold more than the budget (sampled all along), and the kernel
+suspended for room is each time the least recently used idle one."""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID, WAITING
+from jupyter_gpucr.server.room import ROOM_EVENT_ID
+from tests.conftest import criu_or_skip
+from tests.kernel_ws import execute
+from tests.server.test_server import fetch_json, new_session, open_ws
+
+pytestmark = pytest.mark.timeout(300)
+
+MiB = 1 << 20
+#: What a kernel is declared to take (its data is SIZE less the kernel's own baseline). 256 MiB keeps the
+#: test short on a small VM; GPUCR_ROOM_TEST_MIB=1024 runs the issue's figure (1 GiB, a budget of 3 GiB).
+SIZE = int(os.environ.get("GPUCR_ROOM_TEST_MIB", "256")) * MiB
+BUDGET = 3 * SIZE
+DATA = SIZE - 96 * MiB
+NAMES = "abcdef"
+#: After the six starts (d, e and f each made room: a, b, c went), users come back in this order:
+#: a makes room (d goes), e runs (it is resident), b makes room (f goes, not e: e ran last), d too (a).
+TURNS = "aebd"
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    criu_or_skip()
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpucr": True}},
+        "GPUCR": {"store": str(tmp_path / "gpucr-store"), "host_memory_budget": f"{BUDGET}",
+                  "kernel_memory": f"{SIZE}", "min_resident_s": 0},
+    }
+
+
+class KernelMemory:
+    """Samples the RSS of this process's kernels (descendants running ipykernel) every few ms."""
+
+    def __init__(self) -> None:
+        self.peak, self.samples = 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in me.children(recursive=True):
+                try:
+                    if any("ipykernel" in part for part in p.cmdline()):
+                        total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak, self.samples = max(self.peak, total), self.samples + 1
+            time.sleep(0.01)
+
+    def __enter__(self) -> KernelMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def fill(n: int) -> str:
+    return f"b = bytes([{n}]) * {DATA}\nprint(b[0] + b[-1], len(b))"
+
+
+async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fetch, jp_serverapp):
+    events: list[tuple[str, dict]] = []
+
+    async def listener(logger, schema_id, data):
+        events.append((schema_id, dict(data)))
+
+    for schema in (EVENT_SCHEMA_ID, ROOM_EVENT_ID):
+        jp_serverapp.event_logger.add_listener(schema_id=schema, listener=listener)
+    kids: dict[str, str] = {}
+    sockets = {}
+    resident: list[str] = []  # least recently used first, as the test expects the server to see it
+    expected_victims: list[tuple[str, str]] = []  # (victim, for whom)
+    t0 = time.monotonic()
+    with KernelMemory() as memory:
+        for i, name in enumerate(NAMES):
+            if len(resident) == 3:
+                expected_victims.append((resident.pop(0), name))
+            kids[name] = (await new_session(jp_fetch, f"{name}.ipynb"))["kernel"]["id"]
+            sockets[name] = await open_ws(jp_ws_fetch, kids[name], session_id=f"s-{name}")
+            _, out, _ = await execute(sockets[name], fill(i + 1))
+            assert out.split() == [str(2 * (i + 1)), str(DATA)]
+            resident.append(name)
+        for name in TURNS:
+            if name in resident:
+                resident.remove(name)
+            else:
+                expected_victims.append((resident.pop(0), name))
+            _, out, _ = await execute(sockets[name], "print(b[0] + b[-1], len(b))")
+            n = NAMES.index(name) + 1
+            assert out.split() == [str(2 * n), str(DATA)], f"kernel {name}: {out!r}"
+            resident.append(name)
+    took = time.monotonic() - t0
+    print(f"\n{len(NAMES)} kernels of {SIZE >> 20} MiB, budget {BUDGET >> 20} MiB, {len(TURNS)} turns: {took:.1f} s, "
+          f"peak {memory.peak >> 20} MiB over {memory.samples} samples")
+    assert memory.peak <= BUDGET, f"the kernels held {memory.peak >> 20} MiB, over the budget of {BUDGET >> 20} MiB"
+
+    by_id = {v: k for k, v in kids.items()}
+    made = [(by_id[e["victims"][0]], by_id[e["kernel_id"]]) for s, e in events
+            if s == ROOM_EVENT_ID and e["outcome"] == "suspending"]
+    assert made == expected_victims
+    for victim, for_whom in expected_victims[-2:]:  # not run again since
+        if victim not in resident:
+            st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kids[victim])
+            assert (st["state"], st["checkpoint"]["reason"], st["made_room_for"]) == ("suspended", "room", kids[for_whom])
+    waits = [e["room"]["message"] for s, e in events if s == EVENT_SCHEMA_ID and e["state"] == WAITING]
+    assert waits and set(waits) == {"waiting for room in host memory: suspending 1 idle kernel"}
+
+    report = await fetch_json(jp_fetch, "api", "gpucr", "room")
+    host = report[-1]
+    assert host["where"] == "host memory" and host["total"] == BUDGET
+    assert sorted(k["kernel_id"] for k in host["kernels"]) == sorted(kids[n] for n in resident)
+    assert host["idle"] == host["held_by_kernels"]  # min_resident_s 0: every idle kernel could make room
+    doctor = await fetch_json(jp_fetch, "api", "gpucr", "doctor")
+    row = next(c for c in doctor["checks"] if c["name"] == "room: host memory")
+    assert "by 3 kernels" in row["detail"] and "idle (could be made room of)" in row["detail"]
+    for ws in sockets.values():
+        ws.close()
+    await asyncio.sleep(0)
