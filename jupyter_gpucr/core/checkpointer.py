@@ -555,6 +555,7 @@ class Checkpointer:
         checked = check.approve(images, workdir) if check is not None else []
         inherit, keep = inherit_args(images, dict(files or {}), FIRST_INHERITED_FD)
         routes = netns.routes_of(cast(dict[str, Any], self.store.read_proc(name)))
+        addresses = netns.connected_addresses(read_image(images)) if routes is not None else []
         (d / PAGES).unlink(missing_ok=True)
         for attempt in range(2):
             pidfile.unlink(missing_ok=True)
@@ -562,7 +563,7 @@ class Checkpointer:
             _, relay = netns.bind(routes) if routes is not None else ([], [])
             try:  # the holder keeps the relay's sockets; ours close either way
                 started = start_holder(["restore", f"--pidfile={pidfile}", *daemon, *keep,
-                                        *(netns.holder_args(routes, relay) if routes is not None else []), "--", *argv],
+                                        *(netns.holder_args(routes, relay, addresses) if routes is not None else []), "--", *argv],
                                        d / ".status", detach=detach, log_path=d / "holder.log", timeout=RESTORE_TIMEOUT,
                                        pass_fds=tuple(s.fileno() for s in relay), net=routes is not None)
             finally:

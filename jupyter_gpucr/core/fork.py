@@ -15,9 +15,10 @@ own: PIDs (as every gpucr process), mount, and network. What each copy gets:
   network namespace, reached from the host through new ports (``relay.py``; the record's
   ``netns.relay``). Ports bound to another address cannot be restored there: the fork fails.
 - **Established TCP connections**: between processes of the source's tree they come back
-  connected to each other; to anything outside the tree they come back leading nowhere (no such
-  peer exists in the fork's namespace): the fork's first write on one is answered with a reset,
-  as after a crash of the peer. The peer never sees the fork; the source keeps its connection.
+  connected to each other; to anything outside the tree (no such peer exists in the fork's
+  namespace) they are closed at the restore (``forknet.py``): the fork's next read or write on one
+  fails at once, as after a crash of the peer. The peer never sees the fork; the source keeps its
+  connection.
 - **UNIX sockets** bound to a path are not restored in a copy (the source holds the name): the
   fork fails, saying so. Abstract names live in the network namespace: the fork has its own.
 """

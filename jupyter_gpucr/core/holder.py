@@ -18,7 +18,9 @@ Should the daemon fail, the tree's untransferred memory would read as zeros: the
 every process of the namespace at once and writes ``"lost"`` (the checkpoint is intact).
 
 A fork is restored with ``--netns`` (the holder was started in a network namespace of its own: it
-brings ``lo`` up first), ``--relay FD:PORT`` (listening sockets on the host, handed down, that
+brings ``lo`` up first, puts the host addresses of ``--address`` on it for the restore and, after it,
+takes them off and destroys the copies of connections to outside the namespace: see ``forknet.py``),
+``--relay FD:PORT`` (listening sockets on the host, handed down, that
 the holder relays to PORT inside: see ``relay.py``) and ``--inherit-file N:PATH`` (the fork's own
 copy of a file the source had open for writing, opened here on descriptor N for CRIU's
 ``--inherit-fd``).
@@ -163,9 +165,9 @@ def _open_inherited(specs: list[str]) -> tuple[int, ...]:
     return tuple(fds)
 
 
-def _relay_module() -> ModuleType:
-    """``relay.py`` beside this file (a plain script: the package is not importable here)."""
-    spec = importlib.util.spec_from_file_location("gpucr_relay", Path(__file__).with_name("relay.py"))
+def _sibling(name: str) -> ModuleType:
+    """``NAME.py`` beside this file (a plain script: the package is not importable here)."""
+    spec = importlib.util.spec_from_file_location(f"gpucr_{name}", Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -249,6 +251,22 @@ def _pages_settled(pages_path: str, socket: Path, main: int) -> Callable[[int], 
     return settled
 
 
+def _say(lines: list[str]) -> None:
+    """Into the holder's log (the process's ``holder.log``)."""
+    for line in lines:
+        print(f"gpucr-holder: {line}", file=sys.stderr, flush=True)
+
+
+def _cut_outside(forknet: ModuleType) -> None:
+    """Destroy the restored copies of connections to outside the fork, before the relay opens
+    connections of its own (see ``forknet.py``); say which in the holder's log."""
+    cut, problem = forknet.cut_outside()
+    if cut:
+        _say([f"closed {len(cut)} connection(s) to outside the fork: "
+              + ", ".join(f"{c.local[0]}:{c.local[1]} -> {c.remote[0]}:{c.remote[1]}" for c in cut)])
+    _say([problem] if problem else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpucr-holder")
     parser.add_argument("mode", choices=["run", "restore"])
@@ -264,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--netns", action="store_true", help="this is a network namespace of its own: bring lo up")
     parser.add_argument("--relay", action="append", default=[], help="FD:PORT, a listening socket to relay to PORT")
     parser.add_argument("--inherit-file", action="append", default=[], help="N:FLAGS:POS:PATH, opened on descriptor N for CRIU")
+    parser.add_argument("--address", action="append", default=[], help="a host address on lo while CRIU restores")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -289,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     # What CRIU and the page daemon write beside the checkpoint (logs, stats) stays private; the
     # restored tree gets its own umask back from the images.
     os.umask(0o077)
-    relay = _relay_module() if args.netns else None
-    if relay is not None:
+    relay, forknet = (_sibling("relay"), _sibling("forknet")) if args.netns else (None, None)
+    if relay is not None and forknet is not None:
         relay.bring_lo_up()
+        _say(forknet.add_addresses(args.address))
     lazy = None
     if args.lazy_pages:
         socket = Path(args.lazy_socket)
@@ -300,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             _write_status(args.status, {"ok": False})
             return 1
     restored = _criu_restore(args)
+    if forknet is not None:
+        if restored is not None:
+            _cut_outside(forknet)
+        _say(forknet.remove_addresses(args.address))
     if restored is None:
         if lazy is not None:
             _kill(lazy)

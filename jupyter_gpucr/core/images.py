@@ -29,7 +29,7 @@ _FE_TYPE, _FE_ID, _FE_REG, _FE_ISK, _FE_USK = 1, 2, 3, 4, 16
 _REG_ID, _REG_FLAGS, _REG_NAME, _REG_MODE = 1, 2, 6, 10
 # sk-unix.proto / sk-inet.proto
 _USK_NAME, _USK_NAME_DIR, _USK_STATE = 11, 14, 4
-_ISK_FAMILY, _ISK_TYPE, _ISK_STATE, _ISK_SRC_PORT, _ISK_SRC_ADDR = 3, 4, 6, 7, 11
+_ISK_FAMILY, _ISK_TYPE, _ISK_STATE, _ISK_SRC_PORT, _ISK_SRC_ADDR, _ISK_DST_ADDR = 3, 4, 6, 7, 11, 12
 # remap-file-path.proto: remap_type
 REMAP_LINKED, REMAP_GHOST, REMAP_PROCFS = 0, 1, 2
 _REMAP_GHOST_BIT = 0x80000000  # images older than remap_type marked ghosts in remap_id
@@ -140,6 +140,7 @@ class InetSocket:
     state: int  # TCP state (10: listening)
     port: int
     addr: tuple[int, ...]
+    peer: tuple[int, ...] = ()  # a connected socket's peer address, as ``addr``
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ def read_image(images: Path) -> Image:
         elif kind == FD_INETSK and _FE_ISK in e:
             s = decode(e[_FE_ISK][0])
             inet.append(InetSocket(int(_one(s, _ISK_FAMILY, 0)), int(_one(s, _ISK_TYPE, 0)), int(_one(s, _ISK_STATE, 0)),
-                                   int(_one(s, _ISK_SRC_PORT, 0)), tuple(packed(s.get(_ISK_SRC_ADDR, [])))))
+                                   int(_one(s, _ISK_SRC_PORT, 0)), tuple(packed(s.get(_ISK_SRC_ADDR, []))),
+                                   tuple(packed(s.get(_ISK_DST_ADDR, [])))))
     files = _with_mapping_modes(images, files)
     by_id = {f.id: f for f in files}
     remaps = []

@@ -54,6 +54,23 @@ def listening(image: Image) -> list[Route]:
     return sorted(set(routes), key=lambda r: r.inner)
 
 
+def connected_addresses(image: Image) -> list[str]:
+    """The addresses, neither loopback nor unspecified, at both ends of the image's TCP connections
+    and UDP sockets: CRIU binds each socket back to its address and connects it to its peer's,
+    which needs both in the fork's namespace while it restores (``forknet.py``)."""
+    addrs = set()
+    for s in image.inet:
+        if (s.type == socket.SOCK_STREAM and s.state == TCP_LISTEN) or s.type not in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            continue
+        for words in (s.addr, s.peer):
+            ip = ipaddress.ip_address(_address(s.family, words))
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+                ip = ip.ipv4_mapped
+            if not (ip.is_unspecified or ip.is_loopback):
+                addrs.add(str(ip))
+    return sorted(addrs)
+
+
 def routes_of(record: dict[str, Any]) -> list[Route] | None:
     """The routes a process record names; None for a process that is no fork."""
     netns = record.get("netns")
@@ -96,8 +113,10 @@ def free_ports(routes: list[Route]) -> list[Route]:
     return chosen
 
 
-def holder_args(routes: list[Route], sockets: list[socket.socket]) -> list[str]:
-    return ["--netns", *(f"--relay={s.fileno()}:{r.inner}" for r, s in zip(routes, sockets))]
+def holder_args(routes: list[Route], sockets: list[socket.socket], addresses: list[str]) -> list[str]:
+    """The holder's options for a fork: its relays, and the host ``addresses`` its restore needs."""
+    return ["--netns", *(f"--relay={s.fileno()}:{r.inner}" for r, s in zip(routes, sockets)),
+            *(f"--address={a}" for a in addresses)]
 
 
 def record_of(routes: list[Route]) -> dict[str, Any]:

@@ -9,7 +9,9 @@ import socket
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import criu_or_skip
@@ -32,7 +34,7 @@ AGENT = textwrap.dedent("""
                     x = int(line.split()[1])
                 log.write(f"x={x}\\n")
                 c.sendall(f"x={x} pid={os.getpid()}\\n".encode())
-        except OSError:  # a fork's copy of its source's client: it leads nowhere
+        except OSError:  # a fork's copy of its source's client: closed at the fork's restore
             pass
         c.close()
 
@@ -40,6 +42,24 @@ AGENT = textwrap.dedent("""
         threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
 """)
 
+# One connection at a time, as many simple servers are: while it waits on a client, nothing else is
+# served. A fork's copy of that client must end at once, or the fork would wait on it for good.
+SERIAL_AGENT = textwrap.dedent("""
+    import socket, sys
+    log = open(sys.argv[2], "a", buffering=1)
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(8)
+    x = 42
+    while True:
+        c = s.accept()[0]
+        try:
+            for line in c.makefile():
+                c.sendall(f"x={x}\\n".encode())
+            log.write("client left\\n")
+        except OSError as e:
+            log.write(f"client lost: {e.strerror}\\n")
+        c.close()
+""")
 
 
 def _free_port() -> int:
@@ -58,20 +78,37 @@ def _once(port: int, line: str) -> str:
         return _ask(c, line)
 
 
+def _outside_address() -> str:
+    """An IPv4 address of this machine other than loopback: none exists in a fork's namespace."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    pytest.skip("this machine has no IPv4 address but loopback")
+
+
+def _start(store: Path, tmp_path: Path, program: str, host: str = "127.0.0.1",
+           source: str | None = None) -> tuple[int, Path, socket.socket]:
+    """Run ``program`` as 'src' and connect a client to it on ``host`` (from ``source``, if given):
+    its port, its log, the client."""
+    port, log = _free_port(), tmp_path / "agent.log"
+    (tmp_path / "agent.py").write_text(program)
+    gpucr(store, "run", "--name", "src", "--", sys.executable, str(tmp_path / "agent.py"), str(port), str(log))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return port, log, socket.create_connection((host, port), timeout=30,
+                                                       source_address=(source, 0) if source else None)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the agent never listened"
+            time.sleep(0.1)
+
+
 def test_fork_a_process_with_the_cli(tmp_path):
     criu_or_skip()
-    store, port, log = tmp_path / "store", _free_port(), tmp_path / "agent.log"
-    (tmp_path / "agent.py").write_text(AGENT)
-    gpucr(store, "run", "--name", "src", "--", sys.executable, str(tmp_path / "agent.py"), str(port), str(log))
+    store = tmp_path / "store"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client = socket.create_connection(("127.0.0.1", port), timeout=30)
-                break
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline, "the agent never listened"
-                time.sleep(0.1)
+        port, log, client = _start(store, tmp_path, AGENT)
         source_answer = _ask(client, "set 7")  # a connection the source keeps across the fork
 
         (rec,) = json.loads(gpucr(store, "--json", "fork", "src", "--as", "copy").stdout)
@@ -92,6 +129,34 @@ def test_fork_a_process_with_the_cli(tmp_path):
         gpucr(store, "checkpoint", "copy")
         gpucr(store, "restore", "copy")
         assert _once(route["port"], "get").startswith("x=0")
+    finally:
+        for name in ("copy", "src"):
+            gpucr(store, "rm", "--kill", name, check=False)
+
+
+@pytest.mark.parametrize("over", ["from-host-address", "to-host-address"])
+def test_a_forks_copy_of_an_outside_connection_ends_at_once(tmp_path, over):
+    """The source waits on a client when it is forked, a client from one of the host's addresses
+    (none of which exists in the fork's namespace). Its copy in the fork has no peer. From a host
+    address to loopback: nothing ever answers the copy, a read on it would wait for good; it is
+    destroyed at the restore. To a host address: CRIU could not bind the copy back (the fork failed);
+    the address is lent to the namespace for the restore. Either way the fork's read fails at once and
+    the fork serves its next client; the source's client still talks to the source."""
+    criu_or_skip()
+    store, host = tmp_path / "store", _outside_address()
+    try:
+        port, log, client = _start(store, tmp_path, SERIAL_AGENT, **(
+            {"host": "127.0.0.1", "source": host} if over == "from-host-address" else {"host": host}))
+        assert _ask(client, "get") == "x=42"  # the source now waits for this client's next line
+
+        (rec,) = json.loads(gpucr(store, "--json", "fork", "src", "--as", "copy").stdout)
+        (route,) = rec["netns"]["relay"]
+        with socket.create_connection(("127.0.0.1", route["port"]), timeout=10) as c:
+            assert _ask(c, "get") == "x=42"  # served: the fork no longer waits on its copy of the client
+        lost = open(rec["files"][str(log)]).read()  # reset by the namespace's lo, or destroyed by gpucr
+        assert lost.startswith(("client lost: Connection reset by peer", "client lost: Software caused")), lost
+        assert _ask(client, "get") == "x=42" and "client lost" not in log.read_text()
+        client.close()
     finally:
         for name in ("copy", "src"):
             gpucr(store, "rm", "--kill", name, check=False)
