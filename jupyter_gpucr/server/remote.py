@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Container
+from typing import Any
 
 from ..core import upload
 from ..core.errors import GPUCRError
@@ -20,9 +21,6 @@ from ..core.objectstore import ObjectStore, is_url
 from ..core.store import Checkpoint, Manifest, Store
 from .config import GPUCR
 from .lifecycle import SUSPENDED, UPLOADING, KernelLifecycle
-
-if TYPE_CHECKING:
-    from .service import KernelSuspender
 
 
 def remote_url(config: GPUCR) -> str | None:
@@ -124,9 +122,10 @@ class RemoteKernels:
         asyncio.ensure_future(forget())
 
     # -- server start -----------------------------------------------------------------------
-    async def relist(self, service: KernelSuspender) -> None:
-        """Redo the uploads an earlier server left unfinished, then list the kernels this user has
-        suspended in the store on other nodes (or before this node's cache was emptied)."""
+    async def relist(self, listed: Container[str], list_on_disk: Callable[[str, Checkpoint], Awaitable[Any]]) -> None:
+        """Redo the uploads an earlier server left unfinished, then list (``list_on_disk``) the kernels
+        not ``listed`` yet that this user has suspended in the store on other nodes (or before this
+        node's cache was emptied)."""
         for ckpt in upload.pending(self.store):
             if self.lifecycle.state_of(ckpt.name) == SUSPENDED and self.store.latest(ckpt.name).id == ckpt.id:
                 self.log.warning("gpucr: kernel %s: redoing the upload an earlier server did not finish", ckpt.name)
@@ -139,11 +138,11 @@ class RemoteKernels:
             return
         for name, complete in found.items():
             manifest: Manifest = complete["manifest"]
-            if name in service.kernel_manager or not manifest.get("kernel"):
+            if name in listed or not manifest.get("kernel"):
                 continue
             if not self.store.has_proc(name):
                 self.store.write_proc(name, {"name": name, "state": "checkpointed", "pid": None, "checkpoint": complete["id"],
                                              "suspended_at": float(complete.get("created") or time.time())})
-            await service._list_on_disk(name, Checkpoint(complete["id"], self.store.checkpoints_root / complete["id"], manifest))
+            await list_on_disk(name, Checkpoint(complete["id"], self.store.checkpoints_root / complete["id"], manifest))
             self.log.info("gpucr: kernel %s is listed from %r (checkpoint %s made on %s)", name, self.remote,
                           complete["id"], complete.get("node"))

@@ -604,7 +604,7 @@ class KernelSuspender:
             except GPUCRError as e:
                 self.log.error("gpucr: kernel %s could not be listed again: %s", name, e)
         if self.remote:  # unfinished uploads, and the kernels suspended into the store elsewhere
-            await self.remote.relist(self)
+            await self.remote.relist(set(self.kernel_manager.list_kernel_ids()), self._list_on_disk)
         self.store.collect_garbage(set(self.store.proc_names()))
 
     async def _relist(self, name: str) -> None:
