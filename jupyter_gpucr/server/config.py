@@ -176,7 +176,14 @@ class GPUCR(Configurable):
         "at least this much against it. Empty: its RSS only.",
     )
 
-    @validate("host_memory_budget", "kernel_memory")
+    kernel_gpu_memory = Union(
+        [Float(), Unicode()], default_value="", config=True,
+        help="The GPU memory a new kernel is declared to take ('8GiB'; a kernelspec's metadata 'gpucr_gpu_memory' "
+        "overrides it): its start makes that much room, as room_policy says, on the GPU its CUDA programs use by "
+        "default (GPU 0, or the first of its CUDA_VISIBLE_DEVICES). Empty: none is made at start.",
+    )
+
+    @validate("host_memory_budget", "kernel_memory", "kernel_gpu_memory")
     def _valid_size(self, proposal: Any) -> Any:
         try:
             parse_size(proposal["value"], 1)

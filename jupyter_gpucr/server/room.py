@@ -230,9 +230,18 @@ class RoomMaker:
 
     @contextlib.asynccontextmanager
     async def for_start(self, kernel_id: str, kernel_spec: Any) -> AsyncIterator[None]:
-        """Room in host memory for a new kernel's declared memory, held while it starts."""
+        """Room for a new kernel's declared memory, held while it starts: in host memory, and on
+        the GPU a CUDA program uses unless told otherwise (GPU 0; the first of the kernel's
+        ``CUDA_VISIBLE_DEVICES``)."""
+        needs = []
         need = self.request(kernel_id, kernel_spec)
-        needs = [Need(need, self.host_places)] if need and self.host_budget() else []
+        if need and self.host_budget():
+            needs.append(Need(need, self.host_places))
+        metadata = getattr(kernel_spec, "metadata", None) or {}
+        gpu_need = parse_size(metadata.get("gpucr_gpu_memory", self.options.kernel_gpu_memory))
+        first = _first_visible_gpu(getattr(kernel_spec, "env", None) or {}, gpus.list_gpus())
+        if gpu_need and first is not None:
+            needs.append(Need(gpu_need + GPU_MARGIN, lambda skip: self.gpu_places(first.name, first.uuid, first.uuid, skip)))
         async with self._room(kernel_id, "start", needs):
             yield
 
@@ -399,6 +408,15 @@ class RoomMaker:
             out.append({"where": "host memory", "total": budget, "used": budget - place.free, "free": place.free,
                         **_holdings(place, rules)})
         return out
+
+
+def _first_visible_gpu(env: dict[str, str], machine: list[gpus.Gpu]) -> gpus.Gpu | None:
+    """The GPU a new kernel's CUDA programs take by default."""
+    visible = (env.get("CUDA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+    try:
+        return gpus.parse_gpu_spec(visible, machine) if machine else None
+    except GPUCRError:
+        return None
 
 
 def _without(p: Place, kernel_ids: set[str]) -> Place:

@@ -21,9 +21,9 @@ from tests.server.test_server import fetch_json, new_session, open_ws
 pytestmark = pytest.mark.timeout(300)
 
 MiB = 1 << 20
-#: What a kernel is declared to take (its data is SIZE less the kernel's own baseline). 256 MiB keeps the
-#: test short on a small VM; GPUCR_ROOM_TEST_MIB=1024 runs the issue's figure (1 GiB, a budget of 3 GiB).
-SIZE = int(os.environ.get("GPUCR_ROOM_TEST_MIB", "256")) * MiB
+#: What a kernel is declared to take (its data is SIZE less the kernel's own baseline): the issue's 1 GiB;
+#: GPUCR_ROOM_TEST_MIB=256 runs it with a quarter of it on a small VM.
+SIZE = int(os.environ.get("GPUCR_ROOM_TEST_MIB", "1024")) * MiB
 BUDGET = 3 * SIZE
 DATA = SIZE - 96 * MiB
 NAMES = "abcdef"
