@@ -21,6 +21,12 @@ own: PIDs (as every gpucr process), mount, and network. What each copy gets:
   connection.
 - **UNIX sockets** bound to a path are not restored in a copy (the source holds the name): the
   fork fails, saying so. Abstract names live in the network namespace: the fork has its own.
+
+The copies are restored in parallel. Restored side by side they would each see the same free GPU
+memory, so where each goes is planned first, each fork with the memory of the ones before it
+taken (:func:`gpu_targets`): N forks share a GPU only when all of them fit, and when the GPUs
+cannot hold them all the fork fails before any copy is made. A source on several GPUs cannot be
+pinned to one: its copies are restored one after another, each placed beside the ones before it.
 """
 from __future__ import annotations
 
@@ -34,8 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from . import netns
-from .errors import GPUCRError, StateError
+from . import gpus, netns
+from .errors import GPUCRError, PreconditionError, StateError
 from .images import _FE_REG, _FE_TYPE, _REG_FLAGS, _REG_NAME, FD_REG, Image, decode, entries, read_image
 from .procs import is_alive
 from .store import Checkpoint, ProcRecord, make_private_dir, private_files
@@ -70,8 +76,12 @@ def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | Non
     ckpt = _source_checkpoint(cp, name, rec)
     image = read_image(ckpt.images)
     routes = netns.listening(image)
-    with ThreadPoolExecutor(len(wanted), thread_name_prefix="gpucr-fork") as pool:
-        futures = [pool.submit(_make, cp, name, rec, ckpt, image, routes, new, gpu, detach) for new in wanted]
+    used = ckpt.manifest.get("gpu", {}).get("used", [])
+    targets = gpu_targets(used, ckpt.manifest.get("gpu", {}).get("all", []), gpu, gpus.list_gpus(), len(wanted)) \
+        if len(used) == 1 else [gpu] * len(wanted)
+    with ThreadPoolExecutor(len(wanted) if len(used) <= 1 else 1, thread_name_prefix="gpucr-fork") as pool:
+        futures = [pool.submit(_make, cp, name, rec, ckpt, image, routes, new, target, detach)
+                   for new, target in zip(wanted, targets)]
         outcomes: list[Running | BaseException] = []
         for f in futures:
             try:
@@ -84,6 +94,26 @@ def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | Non
             _undo(cp, new)
         raise failed[0]
     return cast("list[Running]", outcomes)
+
+
+def gpu_targets(used: list[dict], all_old: list[str], spec: str | int | None, available: list[gpus.Gpu],
+                count: int) -> list[str | int | None]:
+    """The GPU (its UUID) each of ``count`` copies of a process on one GPU (``used``) goes to:
+    each placed as a restore would place it (``gpus.plan_placement``), on the GPUs as they will be
+    once the copies before it are there. Raises, before anything is restored, when they do not all fit."""
+    left = [gpus.Gpu(g.index, g.uuid, g.name, g.memory_total, g.memory_used, g.memory_free) for g in available]
+    targets: list[str | int | None] = []
+    for i in range(count):
+        try:
+            uuid = gpus.plan_placement(used, all_old, spec, left)[used[0]["uuid"]]
+        except PreconditionError as e:
+            if i:
+                e.message = f"Only {i} of the {count} forks fit on the GPUs. The next: {e.message}"
+            raise
+        target = next(g for g in left if g.uuid == uuid)
+        target.memory_free -= int(used[0]["memory_used"])
+        targets.append(uuid)
+    return targets
 
 
 def _source_checkpoint(cp: Checkpointer, name: str, rec: ProcRecord) -> Checkpoint:

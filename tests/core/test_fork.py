@@ -14,6 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from jupyter_gpucr.core.errors import PreconditionError
+from jupyter_gpucr.core.fork import gpu_targets
+from jupyter_gpucr.core.gpus import Gpu
 from tests.conftest import criu_or_skip
 from tests.core.test_core import gpucr
 
@@ -160,3 +163,20 @@ def test_a_forks_copy_of_an_outside_connection_ends_at_once(tmp_path, over):
     finally:
         for name in ("copy", "src"):
             gpucr(store, "rm", "--kill", name, check=False)
+
+
+def test_forks_are_placed_beside_each_other_on_the_gpus():
+    """Forks restored in parallel would each see the same free GPU memory: each is placed with the
+    memory of the ones before it taken; when they do not all fit, nothing is restored."""
+    gib = 1 << 30
+    used = [{"uuid": "GPU-a", "name": "H200", "memory_used": 40 * gib}]
+
+    def machine(*free_gib):
+        return [Gpu(i, f"GPU-{'ab'[i]}", "H200", 140 * gib, (140 - f) * gib, f * gib) for i, f in enumerate(free_gib)]
+
+    assert gpu_targets(used, ["GPU-a", "GPU-b"], "auto", machine(100, 10), 2) == ["GPU-a", "GPU-a"]
+    assert gpu_targets(used, ["GPU-a", "GPU-b"], "auto", machine(60, 60), 2) == ["GPU-a", "GPU-b"]
+    with pytest.raises(PreconditionError, match="Only 1 of the 2 forks fit on the GPUs"):
+        gpu_targets(used, ["GPU-a", "GPU-b"], "auto", machine(60, 10), 2)
+    with pytest.raises(PreconditionError, match="Only 1 of the 2 forks fit"):
+        gpu_targets(used, ["GPU-a", "GPU-b"], 0, machine(60, 60), 2)  # pinned to GPU 0

@@ -1,0 +1,81 @@
+"""Forking a kernel that holds a model on the GPU, through the real server: each copy holds the
+model on cuda:0 and generates the same tokens as its source, NVML lists three processes, and the
+source runs on. Runs on the H200 machine (docs/dev/gpu-tests.md); skips without a GPU."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jupyter_gpucr.core import cuda, gpus
+from tests.kernel_ws import execute
+from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+
+# A tiny GPT-like model (embedding, two attention-free blocks, a head) with fixed weights; greedy
+# decoding of 24 tokens: the argmax of each step feeds the next.
+MODEL = """
+import torch
+torch.manual_seed(0)
+V, D = 512, 256
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, D)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(D), torch.nn.Linear(D, 4 * D),
+                                                              torch.nn.GELU(), torch.nn.Linear(4 * D, D)) for _ in range(2))
+        self.head = torch.nn.Linear(D, V)
+    def forward(self, ids):
+        h = self.emb(ids).cumsum(1) / torch.arange(1, ids.shape[1] + 1, device=ids.device)[:, None]
+        for b in self.blocks:
+            h = h + b(h)
+        return self.head(h)
+model = Tiny().to("cuda:0").eval()
+ballast = torch.ones(1 << 28, device="cuda:0")  # 1 GiB beside the model, so the copies are seen
+@torch.no_grad()
+def generate(n=24):
+    ids = torch.tensor([[1, 2, 3]], device="cuda:0")
+    for _ in range(n):
+        ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids[0, 3:].tolist()
+print(generate())
+"""
+SHOW = "print(generate(), next(model.parameters()).device, float(ballast.sum()))"
+
+
+@pytest.fixture(autouse=True)
+def need_gpu():
+    if not gpus.list_gpus() or cuda.unavailable_reason():
+        pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
+
+
+async def _run(jp_ws_fetch, kernel_id, code):
+    ws = await open_ws(jp_ws_fetch, kernel_id, f"s-{kernel_id}")
+    try:
+        reply, out, _ = await execute(ws, code, timeout=300)
+    finally:
+        ws.close()
+    assert reply["content"]["status"] == "ok", out
+    return out.strip()
+
+
+async def test_fork_a_gpu_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
+    kid = (await new_session(jp_fetch, "gpu-src.ipynb"))["kernel"]["id"]
+    tokens = await _run(jp_ws_fetch, kid, MODEL)
+    shown = await _run(jp_ws_fetch, kid, SHOW)
+    assert shown.startswith(tokens) and "cuda:0" in shown, shown
+
+    t0 = time.perf_counter()
+    made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={"count": 2, "gpu": "auto"})
+    forked_in = time.perf_counter() - t0
+    forks = [k["id"] for k in made["kernels"]]
+    pids = [kernel_pid(jp_serverapp, k) for k in (kid, *forks)]
+    assert len(set(pids)) == 3
+    on_gpu = {p for g in gpus.list_gpus() for p in g.processes}
+    assert set(pids) <= on_gpu, f"NVML lists {sorted(on_gpu)}; the source and its forks are {pids}"
+
+    for k in (*forks, kid):  # each copy generates what its source generates; the source runs on
+        assert await _run(jp_ws_fetch, k, SHOW) == shown
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "running"
+    print(f"\nforked a GPU kernel into 2 in {forked_in:.2f} s")
