@@ -49,7 +49,8 @@ from .store import Checkpoint, ProcRecord, make_private_dir, private_files
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer, Running
 
-_NOT_FILES = ("/proc/", "/sys/", "/dev/")
+# Regular files there are the kernel's views, not data (/dev/shm holds data: a store or a log there is copied).
+_NOT_FILES = ("/proc/", "/sys/")
 _REG_POS = 3  # regfile.proto: the file position
 
 

@@ -5,6 +5,7 @@ its file."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import textwrap
@@ -91,10 +92,10 @@ def _outside_address() -> str:
 
 
 def _start(store: Path, tmp_path: Path, program: str, host: str = "127.0.0.1",
-           source: str | None = None) -> tuple[int, Path, socket.socket]:
-    """Run ``program`` as 'src' and connect a client to it on ``host`` (from ``source``, if given):
-    its port, its log, the client."""
-    port, log = _free_port(), tmp_path / "agent.log"
+           source: str | None = None, log: Path | None = None) -> tuple[int, Path, socket.socket]:
+    """Run ``program`` as 'src' with its log at ``log`` (else in ``tmp_path``) and connect a client
+    to it on ``host`` (from ``source``, if given): its port, its log, the client."""
+    port, log = _free_port(), log or tmp_path / "agent.log"
     (tmp_path / "agent.py").write_text(program)
     gpucr(store, "run", "--name", "src", "--", sys.executable, str(tmp_path / "agent.py"), str(port), str(log))
     deadline = time.monotonic() + 30
@@ -110,8 +111,9 @@ def _start(store: Path, tmp_path: Path, program: str, host: str = "127.0.0.1",
 def test_fork_a_process_with_the_cli(tmp_path):
     criu_or_skip()
     store = tmp_path / "store"
+    log = Path("/dev/shm") / f"gpucr-fork-test-{os.getpid()}.log"  # a tmpfs, as a store in /dev/shm is
     try:
-        port, log, client = _start(store, tmp_path, AGENT)
+        port, log, client = _start(store, tmp_path, AGENT, log=log)
         source_answer = _ask(client, "set 7")  # a connection the source keeps across the fork
 
         (rec,) = json.loads(gpucr(store, "--json", "fork", "src", "--as", "copy").stdout)
@@ -135,6 +137,7 @@ def test_fork_a_process_with_the_cli(tmp_path):
     finally:
         for name in ("copy", "src"):
             gpucr(store, "rm", "--kill", name, check=False)
+        log.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("over", ["from-host-address", "to-host-address"])
