@@ -30,6 +30,22 @@ with torch.no_grad():
 print(hashlib.sha256(str(out[0, -64:].tolist()).encode()).hexdigest()[:16])
 """
 
+# The W2 model's layers; others (bench_fork's --model-gb) change only their number, at about
+# 0.16 GB each beside 0.33 GB of embeddings and head.
+W2_LAYERS = 32
+LAYER_BYTES, BASE_BYTES = 158_597_120, 327_680_000
+
+
+def gpu_setup(layers: int = W2_LAYERS) -> str:
+    """W2's setup with ``layers`` decoder layers instead of 32."""
+    return GPU_SETUP.replace(f"num_hidden_layers={W2_LAYERS}", f"num_hidden_layers={layers}")
+
+
+def layers_for(gigabytes: float) -> int:
+    """How many layers make the model about ``gigabytes`` GB of bf16 weights."""
+    return max(1, round((gigabytes * 1e9 - BASE_BYTES) / LAYER_BYTES))
+
+
 CPU_SETUP = """
 import hashlib, numpy as np, pandas as pd
 rng = np.random.default_rng(0)
