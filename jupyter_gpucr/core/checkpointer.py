@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 import psutil
 
 from .._version import __version__
-from . import cuda, gpus, hugepages, netns, pagefill
+from . import cuda, gpus, hugepages, netns, nodecompat, pagefill
 from .checksums import DigestWhileWriting
 from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, drop_network_locks, dump_stats, explain_log
 from .errors import (
@@ -255,6 +255,7 @@ class Checkpointer:
         self._check_resources(estimate, gpu_bytes)
         cuda_ns_pids = [innermost_pid(p) for p in cuda_pids]
         cid, tmp = self.store.new_checkpoint_dir(name)
+        nodecompat.warm(criu.path)  # this node's cpuinfo image, kept with the checkpoint
         timings: dict[str, float] = {}
         locked: list[int] = []
         try:
@@ -304,8 +305,9 @@ class Checkpointer:
                 flushing.result()
                 timings["flush_wait"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
+            host = {**intent["host"], **nodecompat.record(criu.path, tmp)}
             manifest: Manifest = {**intent, "created": time.time(), "size": sum(int(f["size"]) for f in files.values()),
-                                  "files": files, "timings": timings}
+                                  "files": files, "timings": timings, "host": host}
             ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
         except BaseException as e:
             if leave_running:
@@ -519,12 +521,14 @@ class Checkpointer:
         if m.get("engine") != "criu":
             raise IncompatibleCheckpointError(f"Checkpoint {ckpt.id} was made by the {m.get('engine')} engine.",
                                               "Restore it through the Jupyter server, which runs that engine.")
-        driver = m.get("gpu", {}).get("driver_version")
-        if driver and driver != gpus.driver_version():
+        facts = cast(dict[str, Any], m)
+        found = nodecompat.problems(ckpt.path, facts, self.criu.path)
+        if found:
             raise IncompatibleCheckpointError(
-                f"Checkpoint {ckpt.id} holds GPU state from NVIDIA driver {driver}; this machine has "
-                f"{gpus.driver_version() or 'no NVIDIA driver'}.",
-                "Restore on a machine with the same driver, or use the snapshot engine. The checkpoint is kept.")
+                f"Checkpoint {ckpt.id} cannot run on this node: {'; '.join(found + nodecompat.differences(facts))}.",
+                "Restore it on a node like the one that made it (same CPU features, NVIDIA driver and GPU model); a "
+                "Jupyter server with c.GPUCR.portable_fallback restores the kernel's variables instead. The checkpoint "
+                "is kept.")
 
     @staticmethod
     def _continue_if_intact(started: Started, verifying: Future[None]) -> None:
