@@ -31,16 +31,25 @@ import uuid
 from pathlib import Path
 
 import psutil
+import websocket  # websocket-client, a jupyter_server dependency
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_w2 import Server  # noqa: E402
+from bench_w2 import TOKEN, Server  # noqa: E402
 
 from jupyter_gpucr.core import gpus  # noqa: E402
 from jupyter_gpucr.core.sizes import parse_size  # noqa: E402
 
 GiB = 1 << 30
 FILLER = "import sys, torch\nx = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device='cuda:0')\nprint('ok', flush=True)\nsys.stdin.read()\n"
+
+
+class RoomServer(Server):
+    def connect(self, kernel_id: str) -> websocket.WebSocket:
+        """A new connection to the kernel, as a reopened notebook makes."""
+        return websocket.create_connection(
+            f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels?session_id={uuid.uuid4()}",
+            header=[f"Authorization: token {TOKEN}"], timeout=3600)
 
 
 def llama_shape(billions: float) -> dict[str, int]:
@@ -184,7 +193,7 @@ def main() -> int:
           f"{ratio:.2f}x; store {store} on {medium(store)}", flush=True)
     if ratio < 1.5:
         print("note: the kernels' state is under 1.5x the room; add --kernels or --gpu-free-gib", flush=True)
-    server = Server(work, store, work / "server.log", tuple(options))
+    server = RoomServer(work, store, work / "server.log", tuple(options))
     result: dict = {"args": vars(args), "declared": declared, "capacity": capacity, "ratio": ratio,
                     "store_medium": medium(store)}
     try:
@@ -199,11 +208,17 @@ def main() -> int:
             warm.append(first)
             reference.append(out)
             print(f"kernel {k}: set up in {time.perf_counter() - t0:.1f} s, warm cell {first:.2f} s -> {out}", flush=True)
+        for place in server.rest("api/gpucr/room"):
+            print(f"{place['where']}: {place['free'] / GiB:.1f} GiB free, kernels hold "
+                  f"{[round(k['bytes'] / GiB, 1) for k in place['kernels']]} GiB", flush=True)
+        for _, ws in kernels:
+            ws.close()  # a connection per turn: the server drops the ones idle past its ping timeout
         turns, lost, written, read, for_room = [], 0, 0, 0, 0
         end = time.monotonic() + args.minutes * 60
         while time.monotonic() < end:
             k = rng.randrange(args.kernels)
-            kid, ws = kernels[k]
+            kid = kernels[k][0]
+            ws = server.connect(kid)
             before = {s["kernel_id"]: s for s in server.rest("api/gpucr/kernels")}
             restored = before[kid]["state"] != "running"
             try:
@@ -211,6 +226,7 @@ def main() -> int:
                 ok = out == reference[k]
             except Exception as e:  # a lost turn is a result, not the end of the trace
                 out, first, done, ok = f"error: {e}", float("nan"), float("nan"), False
+            ws.close()
             after = {s["kernel_id"]: s for s in server.rest("api/gpucr/kernels")}
             victims = [v for v, s in after.items() if s["state"] == "suspended" and before[v]["state"] == "running"]
             written += sum(moved(after[v]) for v in victims)

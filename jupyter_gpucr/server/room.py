@@ -158,15 +158,16 @@ def room_event_schema() -> dict[str, Any]:
         "description": "A kernel needed room for its memory: where, how much, and which idle kernels were suspended.",
         "type": "object", "required": ["kernel_id", "outcome", "need", "message"],
         "properties": {
-            "kernel_id": {"type": "string"},
+            "kernel_id": {"type": "string", "description": "The kernel that needs the room."},
             "for": {"enum": ["restore", "start"]},
             "outcome": {"enum": ["fits", "suspending", "refused"]},
-            "where": {"type": ["string", "null"]},
-            "need": {"type": "integer"},
-            "free": {"type": ["integer", "null"]},
-            "victims": {"type": "array", "items": {"type": "string"}},
-            "policy": {"type": "string"},
-            "message": {"type": "string"},
+            "where": {"type": ["string", "null"], "description": "'on GPU 0', 'in host memory'; null: refused."},
+            "need": {"type": "integer", "description": "Bytes."},
+            "free": {"type": ["integer", "null"], "description": "Bytes free there before any suspend."},
+            "victims": {"type": "array", "items": {"type": "string"},
+                        "description": "The idle kernels suspended for it, least recently used first."},
+            "policy": {"type": "string", "description": "c.GPUCR.room_policy."},
+            "message": {"type": "string", "description": "What the waiting user reads, or why no room can be made."},
         },
     }
 

@@ -57,8 +57,9 @@ def gpu0_nearly_full():
 
 
 def fill(seed: int) -> str:
-    return (f"import torch\nx = torch.randint(0, 256, ({N} << 30,), dtype=torch.uint8, device='cuda:0', "
-            f"generator=torch.Generator('cuda:0').manual_seed({seed}))\nprint(int(x.sum(dtype=torch.int64)))")
+    return (f"import torch\nx = torch.empty({N} << 30, dtype=torch.uint8, device='cuda:0')\n"
+            f"x.random_(0, 256, generator=torch.Generator('cuda:0').manual_seed({seed}))\n"
+            "print(int(x.sum(dtype=torch.int64)))")
 
 
 CHECK = "print(int(x.sum(dtype=torch.int64)))"
@@ -76,7 +77,8 @@ async def test_a_start_and_each_restore_make_room_on_a_full_gpu(jp_fetch, jp_ws_
     km = jp_serverapp.kernel_manager
     a = (await new_session(jp_fetch, "a.ipynb"))["kernel"]["id"]
     ws_a = await open_ws(jp_ws_fetch, a, "sa")
-    _, sum_a, _ = await execute(ws_a, fill(1), timeout=300)
+    reply, sum_a, _ = await execute(ws_a, fill(1), timeout=300)
+    assert reply["content"]["status"] == "ok", sum_a
 
     t0 = time.monotonic()
     b = (await new_session(jp_fetch, "b.ipynb"))["kernel"]["id"]  # no room for it: a goes
@@ -84,7 +86,8 @@ async def test_a_start_and_each_restore_make_room_on_a_full_gpu(jp_fetch, jp_ws_
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", a)
     assert (st["state"], st["checkpoint"]["reason"], st["made_room_for"]) == ("suspended", "room", b)
     ws_b = await open_ws(jp_ws_fetch, b, "sb")
-    _, sum_b, _ = await execute(ws_b, fill(2), timeout=300)
+    reply, sum_b, _ = await execute(ws_b, fill(2), timeout=300)
+    assert reply["content"]["status"] == "ok", sum_b
     pid_b = km.get_kernel(b).provisioner.kernel_pid
     assert any(pid_b in g.processes for g in gpus.list_gpus()[:1])
 
