@@ -176,6 +176,20 @@ class GPUCR(Configurable):
         "at least this much against it. Empty: its RSS only.",
     )
 
+    portable_fallback = Bool(
+        False, config=True,
+        help="A whole-process suspend also has the kernel save its variables (as the snapshot engine does) beside "
+        "the image, so that a node whose CPU features, NVIDIA driver or GPU model cannot run the image (or that has "
+        "no CRIU) restores the variables instead, the kernel's state saying why and what was lost. Costs a second "
+        "copy of the variables at every suspend; meant for object storage, where the next node is the hub's choice.",
+    )
+    lease_timeout_s = Float(
+        120.0, config=True,
+        help="With object storage: a node running a kernel renews its lease every quarter of this; a lease not "
+        "renewed for this long (its node was lost) is taken over by the next node that restores the kernel, from "
+        "its last durable checkpoint. The nodes' clocks must agree to well within it (NTP).",
+    )
+
     kernel_gpu_memory = Union(
         [Float(), Unicode()], default_value="", config=True,
         help="The GPU memory a new kernel is declared to take ('8GiB'; a kernelspec's metadata 'gpucr_gpu_memory' "

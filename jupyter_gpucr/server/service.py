@@ -27,7 +27,7 @@ from ..core.objectstore import ObjectStore
 from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store, read_json, write_json_atomic
 from ..core.writeback import WritebackWhileWriting
-from . import kernel_rpc
+from . import kernel_rpc, portable
 from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
 from .dormant import Saved
@@ -199,6 +199,10 @@ class KernelSuspender:
                     self._tensors_back_on_failure(kernel_id, km):
                 if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
                     raise await self._busy_error(kernel_id)
+                carried = None
+                if engine.name == "criu" and self.options.portable_fallback:  # before its tensors leave the GPU
+                    self._progress(kernel_id)("saving-variables", 0, 0)
+                    carried = await portable.save(km, self.store, kernel_id)
                 with WritebackWhileWriting(offload_to) if offload_to else contextlib.nullcontext():  # the disk starts at once
                     saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
                 if not await km.is_alive():
@@ -206,7 +210,7 @@ class KernelSuspender:
                                      "Restart the kernel.")
                 self._saved[kernel_id] = saved
                 extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why,
-                         "offload": (trim or {}).get("offload")}
+                         "offload": (trim or {}).get("offload"), "portable": carried}
                 ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), kernel.detach)
                 st = self.lifecycle.transition(  # before the connections settle: they answer from disk
                     kernel_id, UPLOADING if self.remote else SUSPENDED, "uploading" if self.remote else "done",
@@ -390,10 +394,17 @@ class KernelSuspender:
                     await self.remote.fetch(kernel_id, self._progress(kernel_id))
                 ckpt = self._latest(kernel_id)
                 engine = self.engines[ckpt.manifest.get("engine", "criu")]
+                instead = await asyncio.to_thread(portable.instead, self.checkpointer, ckpt)
+                if instead is not None:  # the image cannot run on this node: its saved variables can
+                    ckpt, fell_back = instead
+                    engine = self.engines["snapshot"]
+                    self.log.warning("gpucr: kernel %s is restored from its saved variables: %s", kernel_id, fell_back)
                 async with self.room.for_restore(kernel_id, ckpt, gpu) as target:
                     started = time.perf_counter()
                     resumed = await engine.resume(kernel_id, km, ckpt, target, self._progress(kernel_id))
                     returned = time.perf_counter()
+                if instead is not None:
+                    resumed.warnings.insert(0, portable.what_was_lost(fell_back, ckpt))
             except BaseException as e:
                 err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
                 self.log.warning("gpucr: restoring kernel %s failed: %s %s", kernel_id, err.message, err.hint)
@@ -425,7 +436,8 @@ class KernelSuspender:
                        "engine_other": returned - started - resumed.timings.get("total", 0.0)}
             st = self.lifecycle.transition(
                 kernel_id, RUNNING, "done", restored_at=now, suspended_for=now - suspended_at, lost=resumed.lost,
-                warnings=resumed.warnings, timings=timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt))
+                warnings=resumed.warnings, timings=timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt),
+                engine=engine.name, engine_reason=ckpt.manifest.get("engine_reason"))
             self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
             if not settled.done():
                 self._in_background(self._until_settled(kernel_id, settled))

@@ -7,7 +7,6 @@ was made in another boot under another kernel release."""
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import pytest
@@ -15,62 +14,17 @@ import pytest
 from jupyter_gpucr.core import nodecompat
 from jupyter_gpucr.core.checkpointer import Checkpointer
 from jupyter_gpucr.core.errors import IncompatibleCheckpointError
-from jupyter_gpucr.core.images import decode, entries, packed
 from jupyter_gpucr.core.store import Store
 from tests.conftest import agent_command, ask, wait_for_line
+from tests.cpuinfo import missing_here, node_image, with_feature
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, value: int | bytes) -> bytes:
-    if isinstance(value, bytes):
-        return _varint(number << 3 | 2) + _varint(len(value)) + value
-    return _varint(number << 3) + _varint(value)
-
-
-def with_feature(image: Path, word: int, bit: int) -> bytes:
-    """The cpuinfo image ``image`` re-encoded with one more capability bit set: what a CPU with
-    that feature would have written."""
-    x86 = decode(next(entries(image))[1][0])
-    caps = packed(x86[6])
-    caps[word] |= 1 << bit
-    body = b"".join(_field(n, v) for n in sorted(x86) for v in (caps if n == 6 else x86[n]))
-    message = _field(1, body)
-    return image.read_bytes()[:8] + struct.pack("<I", len(message)) + message
-
-
-def missing_here(criu: str, tmp: Path) -> tuple[int, int, str]:
-    """An instruction feature CRIU compares that this CPU lacks."""
-    here = nodecompat.read_cpuinfo(_node_image(criu, tmp))
-    assert here is not None
-    for word, bits in nodecompat.INSTRUCTION_FEATURES.items():
-        for bit, name in bits.items():
-            if name not in here.features():
-                return word, bit, name
-    pytest.skip("this CPU has every instruction feature CRIU compares")
-
-
-def _node_image(criu: str, tmp: Path) -> Path:
-    image = nodecompat.node_cpuinfo(criu)
-    assert image, "criu cpuinfo dump works on x86"
-    path = tmp / "here-cpuinfo.img"
-    path.write_bytes(image)
-    return path
 
 
 def test_feature_names_are_the_kernels(criu_path, tmp_path):
     """The names given to CRIU's bits are the ones /proc/cpuinfo shows for this CPU (osxsave, a
     state bit, is not listed by the kernel)."""
-    here = nodecompat.read_cpuinfo(_node_image(criu_path, tmp_path))
+    here = nodecompat.read_cpuinfo(node_image(criu_path, tmp_path))
     assert here is not None and here.model
     flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
                      if line.startswith("flags")).split(":", 1)[1].split())
@@ -90,7 +44,7 @@ def test_checkpoint_from_a_richer_cpu_is_refused_naming_what_differs(criu_path, 
         word, bit, name = missing_here(criu_path, tmp_path)
         image = ckpt.path / nodecompat.CPUINFO
         real = image.read_bytes()
-        image.write_bytes(with_feature(image, word, bit))
+        image.write_bytes(with_feature(real, word, bit))
         manifest = json.loads((ckpt.path / "manifest.json").read_text())
         manifest["host"].update(boot_id="another-node", kernel="5.4.0-other")
         (ckpt.path / "manifest.json").write_text(json.dumps(manifest))
