@@ -11,6 +11,7 @@ A server only ever lists, reads, writes and deletes below ``URL/USER/`` (:attr:`
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -201,6 +202,51 @@ class ObjectStore:
             raise self._failed(f"writing {key}", e) from e
         return True
 
+    # -- conditional writes (the lease) --------------------------------------------------------
+    @property
+    def _s3(self) -> bool:
+        return type(self.fs).__name__ == "S3FileSystem"
+
+    def read_json_tagged(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The JSON object at ``key`` and its ETag (a digest of its bytes where the store has no
+        ETag); (None, None) when there is none. The tag is read first, so a write in between
+        makes a later :meth:`replace_json` with it fail rather than succeed on stale contents."""
+        try:
+            tag = str(self.fs.info(self.path(key)).get("ETag") or "") if self._s3 else None
+            data = self.fs.cat_file(self.path(key))
+        except FileNotFoundError:
+            return None, None
+        except BaseException as e:
+            raise self._failed(f"reading {key}", e) from e
+        try:
+            value = json.loads(data)
+        except ValueError:
+            value = None
+        return (value if isinstance(value, dict) else None), tag or hashlib.sha256(data).hexdigest()
+
+    def put_json_if(self, key: str, value: dict[str, Any], etag: str | None) -> str | None:
+        """Write ``value`` at ``key`` only if the object there still has ``etag`` (None: only if there
+        is none); its new tag, or None when the condition failed. On S3 the store decides
+        (``If-Match`` / ``If-None-Match``), so of two writers with the same tag one wins; elsewhere
+        the tag is compared, then the object written (not atomic: a shared file system)."""
+        data = json.dumps(value, indent=1).encode()
+        if not self._s3:
+            if etag is None:
+                return hashlib.sha256(data).hexdigest() if self.write_json(key, value, create=True) else None
+            if self.read_json_tagged(key)[1] != etag:
+                return None
+            self.write_json(key, value)
+            return hashlib.sha256(data).hexdigest()
+        bucket, path, _ = self.fs.split_path(self.path(key))
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        try:
+            reply = self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, **condition)
+        except BaseException as e:
+            if _precondition_failed(e) or (etag is not None and isinstance(e, FileNotFoundError)):
+                return None
+            raise self._failed(f"writing {key}", e) from e
+        return str(reply.get("ETag") or "")
+
     def delete(self, key: str, recursive: bool = False) -> None:
         try:
             self.fs.rm(self.path(key), recursive=recursive)
@@ -208,6 +254,13 @@ class ObjectStore:
             pass
         except BaseException as e:
             raise self._failed(f"deleting {key}", e) from e
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """Whether the store refused a conditional write because its condition did not hold (s3fs
+    turns S3's 412 into an OSError with its own words; the cause keeps botocore's code)."""
+    said = f"{e} {e.__cause__}"
+    return any(w in said for w in ("PreconditionFailed", "412", "pre-conditions", "ConditionalRequestConflict"))
 
 
 def _counted(progress: Callable[[int], None] | None) -> Any:

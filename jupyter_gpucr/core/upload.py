@@ -6,7 +6,8 @@ Below the user's prefix (:class:`.objectstore.ObjectStore`)::
     NAME/ID/proc/...         the process's folder (record, logs, a kernel's history, offloaded tensors)
     NAME/ID/uploading.json   written before the first object, removed after the last: an upload under way
     NAME/ID/complete.json    written once every object is in the store with its size: the checkpoint is durable
-    NAME/lease.json          the node that restored NAME and runs it; created only if absent
+    NAME/lease.json          the node that restored NAME and runs it, and its last heartbeat; created
+                             only if absent, taken over (If-Match) once its heartbeat is too old
 
 Locally ``checkpoints/ID/upload.json`` says ``pending`` until ``complete.json`` is written, so a
 server killed mid-upload redoes it at its next start from the copy it kept. Only checkpoints with a
@@ -20,6 +21,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -177,20 +179,81 @@ class LeaseHeldError(StateError):
     """Another node restored the kernel and may be running it."""
 
 
-def take_lease(remote: ObjectStore, name: str, node: str) -> None:
+@dataclass
+class Lease:
+    """A kernel this node holds: the tag of the lease object as this node last wrote it, and
+    the lease it took over from a node that stopped renewing its own (None: none was there)."""
+
+    name: str
+    node: str
+    etag: str
+    since: float
+    taken_over: dict[str, Any] | None = None
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def take_lease(remote: ObjectStore, name: str, node: str, timeout_s: float | None = None) -> Lease:
     """Claim ``name`` for ``node`` before restoring it: created only if no lease exists (the store
-    decides, so of two nodes racing, one wins); this node's own lease is taken again."""
-    if remote.write_json(f"{name}/{LEASE}", {"node": node, "since": time.time(), "pid": os.getpid()}, create=True):
-        return
-    held = remote.read_json(f"{name}/{LEASE}") or {}
-    if held.get("node") == node:
-        return
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(held.get("since", 0)))
-    raise LeaseHeldError(
-        f"{name} is running on {held.get('node', 'another node')} (restored there at {since}); it is not "
-        f"restored here as well.",
-        f"Suspend or shut it down there; it can then be restored here. If that node is gone for good, delete "
-        f"{remote!r}/{name}/{LEASE} and try again.")
+    decides, so of two nodes racing, one wins); this node's own lease is taken again; a lease
+    whose heartbeat is older than ``timeout_s`` (its node was lost) is taken over with a write
+    conditional on the tag it was read with, so of two nodes taking it over, one wins."""
+    key = f"{name}/{LEASE}"
+    for _ in range(5):  # a lease released or renewed between the read and the write: look again
+        now = time.time()
+        mine = {"node": node, "since": now, "heartbeat": now, "pid": os.getpid()}
+        tag = remote.put_json_if(key, mine, None)
+        if tag is not None:
+            return Lease(name, node, tag, now)
+        held, held_tag = remote.read_json_tagged(key)
+        if held is None:
+            continue
+        heard = float(held.get("heartbeat") or held.get("since") or 0)
+        if held.get("node") == node:
+            tag = remote.put_json_if(key, {**mine, "since": held.get("since", now)}, held_tag)
+            if tag is not None:
+                return Lease(name, node, tag, float(held.get("since", now)))
+            continue
+        if timeout_s is not None and now - heard > timeout_s:
+            tag = remote.put_json_if(key, mine, held_tag)
+            if tag is not None:
+                return Lease(name, node, tag, now, taken_over=held)
+            continue
+        expires = (f" If that node is lost, its lease expires {max(timeout_s - (now - heard), 0):.0f} s from now "
+                   f"(c.GPUCR.lease_timeout_s) and the kernel can then be restored here from its last checkpoint in the "
+                   f"store." if timeout_s is not None else
+                   f" If that node is gone for good, delete {remote!r}/{key} and try again.")
+        raise LeaseHeldError(
+            f"{name} is running on {held.get('node', 'another node')} (restored there at "
+            f"{_when(float(held.get('since') or 0))}, last heard of {max(now - heard, 0):.0f} s ago); it is not "
+            f"restored here as well.",
+            f"Suspend or shut it down there; it can then be restored here.{expires}")
+    raise ObjectStoreError(f"The lease of {name} in {remote!r} kept changing while this node tried to take it.",
+                           "Try again.")
+
+
+def renew_lease(remote: ObjectStore, lease: Lease) -> bool:
+    """Say this node still runs the kernel (the heartbeat); False when another node took the
+    lease over meanwhile (this node was taken for lost)."""
+    now = time.time()
+    tag = remote.put_json_if(f"{lease.name}/{LEASE}", {"node": lease.node, "since": lease.since, "heartbeat": now,
+                                                       "pid": os.getpid()}, lease.etag)
+    if tag is None:
+        return False
+    lease.etag = tag
+    return True
+
+
+def taken_over_note(lease: Lease) -> str | None:
+    """What the user is told after a restore that took a lost node's lease over."""
+    old = lease.taken_over
+    if old is None:
+        return None
+    heard = float(old.get("heartbeat") or old.get("since") or 0)
+    return (f"Taken over from {old.get('node')}, which stopped renewing its lease at {_when(heard)}: restored from the "
+            f"last checkpoint in the store; what the kernel did on that node after it is lost.")
 
 
 def release_lease(remote: ObjectStore, name: str, node: str) -> None:

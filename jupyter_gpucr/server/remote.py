@@ -37,10 +37,15 @@ def local_root(config: GPUCR) -> str | None:
 class RemoteKernels:
     """Uploads, downloads, listing and leases of one server's kernels in one object store."""
 
-    def __init__(self, remote: ObjectStore, store: Store, lifecycle: KernelLifecycle, log: Any, keep_last: int) -> None:
+    def __init__(self, remote: ObjectStore, store: Store, lifecycle: KernelLifecycle, log: Any, keep_last: int,
+                 lease_timeout_s: float = 120.0) -> None:
         self.remote, self.store, self.lifecycle, self.log, self.keep_last = remote, store, lifecycle, log, keep_last
         self.node = upload.node_id(store)
+        self.lease_timeout_s = lease_timeout_s
         self._uploads: dict[str, asyncio.Task[None]] = {}
+        self._leases: dict[str, upload.Lease] = {}  # the kernels this node holds, renewed by the heartbeat
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._lost: set[str] = set()  # kernels whose lease another node took over while they ran here
 
     async def check(self) -> None:
         """Raise :class:`ObjectStoreError` (the kernel is not touched) when the store does not answer."""
@@ -54,6 +59,12 @@ class RemoteKernels:
 
     async def _upload(self, kernel_id: str, ckpt: Checkpoint) -> None:
         loop = asyncio.get_running_loop()
+        if kernel_id in self._lost:  # the store's copy is the other node's now: not replaced by this one
+            self.lifecycle.transition(
+                kernel_id, SUSPENDED, "failed", error=f"Another node took this kernel's lease over while it ran here; it "
+                f"is suspended on this node's disk only ({ckpt.path}), not uploaded over the other node's copy.",
+                hint="Restore it on this node to keep working here, or shut it down and use the other node's.")
+            return
 
         def report(done: int, total: int) -> None:
             loop.call_soon_threadsafe(self.lifecycle.progress, kernel_id, "uploading", done, total)
@@ -75,7 +86,7 @@ class RemoteKernels:
             st = self.lifecycle.get(kernel_id)
             self.lifecycle.transition(kernel_id, SUSPENDED, "done", timings={**st.timings, "upload": moved["seconds"]})
         if state in (UPLOADING, SUSPENDED):  # durable again: any node may restore it now
-            await asyncio.to_thread(upload.release_lease, self.remote, kernel_id, self.node)
+            await self._release(kernel_id)
 
     async def wait_uploads(self, timeout: float) -> list[str]:
         """Wait (at most ``timeout`` s) for the uploads under way; the kernel ids not done by then."""
@@ -89,26 +100,56 @@ class RemoteKernels:
         return late
 
     # -- restore ----------------------------------------------------------------------------
-    async def fetch(self, kernel_id: str, progress: Any) -> None:
-        """Claim the kernel for this node (the lease), then make sure its newest durable checkpoint
-        is on this node's disk, downloading it if needed."""
-        await asyncio.to_thread(upload.take_lease, self.remote, kernel_id, self.node)
+    async def fetch(self, kernel_id: str, progress: Any) -> str | None:
+        """Claim the kernel for this node (the lease, taken over from a node that stopped renewing
+        it), then make sure its newest durable checkpoint is on this node's disk, downloading it if
+        needed. What the user should know of a takeover, or None."""
+        lease = await asyncio.to_thread(upload.take_lease, self.remote, kernel_id, self.node, self.lease_timeout_s)
+        self._leases[kernel_id] = lease
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.ensure_future(self._beat())
+        note = upload.taken_over_note(lease)
+        if note:
+            self.log.warning("gpucr: kernel %s: %s", kernel_id, note)
         newest = await asyncio.to_thread(upload.latest, self.remote, kernel_id)
         local = self.store.latest(kernel_id) if self.store.list_checkpoints(kernel_id) else None
         if newest is None or (local is not None and (local.id == newest["id"] or local.created >= newest["created"])):
-            return
+            return note
         t0 = time.perf_counter()
         await asyncio.to_thread(upload.download, self.remote, self.store, newest,
                                 lambda done, total: progress("downloading", done, total))
         self.log.info("gpucr: downloaded checkpoint %s of kernel %s from %r (%d MiB in %.2f s)", newest["id"], kernel_id,
                       self.remote, newest.get("bytes", 0) >> 20, time.perf_counter() - t0)
+        return note
 
     async def give_back(self, kernel_id: str) -> None:
         """A restore failed: the kernel stays suspended, and other nodes may restore it."""
         try:
-            await asyncio.to_thread(upload.release_lease, self.remote, kernel_id, self.node)
+            await self._release(kernel_id)
         except GPUCRError as e:
             self.log.warning("gpucr: the lease of kernel %s was not released: %s", kernel_id, e)
+
+    async def _release(self, kernel_id: str) -> None:
+        self._leases.pop(kernel_id, None)
+        await asyncio.to_thread(upload.release_lease, self.remote, kernel_id, self.node)
+
+    async def _beat(self) -> None:
+        """Renew every lease this node holds, a quarter of ``lease_timeout_s`` apart, while it holds
+        any; a lease another node took over meanwhile (this one was taken for lost) is dropped, said
+        in the log and on the kernel."""
+        while self._leases:
+            await asyncio.sleep(self.lease_timeout_s / 4)
+            for kernel_id, lease in list(self._leases.items()):
+                try:
+                    kept = await asyncio.to_thread(upload.renew_lease, self.remote, lease)
+                except GPUCRError as e:
+                    self.log.warning("gpucr: the lease of kernel %s was not renewed: %s", kernel_id, e.message)
+                    continue
+                if not kept and self._leases.get(kernel_id) is lease:
+                    del self._leases[kernel_id]
+                    self._lost.add(kernel_id)
+                    self.log.error("gpucr: kernel %s: another node took its lease over (this node did not renew it "
+                                   "within c.GPUCR.lease_timeout_s); its next suspend here stays on this node", kernel_id)
 
     # -- shutdown ---------------------------------------------------------------------------
     def forget_later(self, kernel_id: str) -> None:

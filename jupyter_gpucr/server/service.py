@@ -89,7 +89,8 @@ class KernelSuspender:
         self.stopping = False
         self.room = RoomMaker(self, lifecycle.event_logger)  # suspends idle kernels for one that needs their memory
         url = remote_url(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
-        self.remote = RemoteKernels(ObjectStore(url, config.store_options), store, lifecycle, log, config.keep_last) if url else None
+        self.remote = RemoteKernels(ObjectStore(url, config.store_options), store, lifecycle, log, config.keep_last,
+                                    config.lease_timeout_s) if url else None
 
     @property
     def store(self) -> Store:
@@ -389,9 +390,10 @@ class KernelSuspender:
             suspended_at = st.suspended_at or time.time()
             st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
             self.lifecycle.transition(kernel_id, RESTORING, "restoring", error=None, hint=None)
+            took_over = None
             try:
                 if self.remote:  # claimed for this node, downloaded if another node made it
-                    await self.remote.fetch(kernel_id, self._progress(kernel_id))
+                    took_over = await self.remote.fetch(kernel_id, self._progress(kernel_id))
                 ckpt = self._latest(kernel_id)
                 engine = self.engines[ckpt.manifest.get("engine", "criu")]
                 instead = await asyncio.to_thread(portable.instead, self.checkpointer, ckpt)
@@ -405,6 +407,8 @@ class KernelSuspender:
                     returned = time.perf_counter()
                 if instead is not None:
                     resumed.warnings.insert(0, portable.what_was_lost(fell_back, ckpt))
+                if took_over:
+                    resumed.warnings.insert(0, took_over)
             except BaseException as e:
                 err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
                 self.log.warning("gpucr: restoring kernel %s failed: %s %s", kernel_id, err.message, err.hint)

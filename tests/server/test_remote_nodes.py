@@ -1,16 +1,19 @@
 """Kernels that move between nodes through object storage (moto's S3 server on localhost), real
 jupyter servers with their own cache directories: a node that cannot run the whole-process
-image restores the kernel's saved variables instead (c.GPUCR.portable_fallback), saying why."""
+image restores the kernel's saved variables instead (c.GPUCR.portable_fallback), saying why; a
+lost node's lease expires."""
 from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import time
 
 import pytest
+from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core.objectstore import ObjectStore
-from tests.agent_servers import Served, kill_leftovers
+from tests.agent_servers import Served, kernel_processes, kill_leftovers
 from tests.conftest import criu_or_skip
 from tests.cpuinfo import missing_here, with_feature
 from tests.kernel_ws import execute
@@ -87,6 +90,73 @@ async def test_a_node_that_cannot_run_the_image_restores_the_saved_variables(tmp
             assert f"lacks {feature}, which the checkpoint's node" in st["engine_reason"], st["engine_reason"]
             assert "ran Linux 5.4.0-other" in st["engine_reason"]
             assert st["warnings"][0].startswith("Restored from the variables saved at the suspend, not the whole process")
+            assert b.stop() == 0
+        finally:
+            for s in servers:
+                if s.proc.poll() is None:
+                    s.proc.kill()
+                    s.proc.wait()
+            kill_leftovers(home)
+
+
+async def test_a_lost_nodes_lease_expires_and_another_node_takes_the_kernel_over(tmp_path):
+    """Node A runs the kernel and renews its lease; node B is refused while A lives, even once the
+    timeout has passed since A took the lease; A killed -9 (the node lost), B takes the lease over
+    once its heartbeat is older than c.GPUCR.lease_timeout_s and restores the last checkpoint."""
+    criu_or_skip()
+    home, url, timeout = tmp_path / "home", f"s3://{BUCKET}/leases", 3.0
+    servers: list[Served] = []
+    with moto_server(tmp_path / "moto.log") as endpoint:
+        env = aws_env(endpoint)
+
+        def node(cache: str) -> Served:
+            servers.append(Served("server", home, url, f"--GPUCR.cache_dir={tmp_path / cache}",
+                                  f"--GPUCR.lease_timeout_s={timeout}", env=env))
+            return servers[-1]
+
+        try:
+            a = node("cache-a")
+            await a.wait_ready()
+            kid = await a.start_kernel()
+            ws = await a.ws(kid)
+            await execute(ws, CELL)
+            await a.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            await a.wait_state(kid, "suspended", timeout=120)  # durable in the store
+            _, out, _ = await execute(ws, "word = 'changed on A'\n" + CHECK)  # restored on A: A holds the lease
+            ws.close()
+            assert await a.state(kid) == "running"
+
+            b = node("cache-b")
+            await b.wait_ready()
+            await wait_listed(b, kid)
+            await asyncio.sleep(timeout + 1)  # A's lease is older than the timeout, its heartbeat is not
+            with pytest.raises(HTTPClientError) as refused:
+                await b.request(f"api/gpucr/kernels/{kid}/resume", "POST", {})
+            a_node = f"{platform.node()}:{tmp_path / 'cache-a'}"
+            assert refused.value.code == 409 and f"is running on {a_node}" in str(refused.value)
+            assert "lease expires" in str(refused.value)
+
+            a.proc.kill()  # the node is lost, with the kernel it ran: nobody renews its lease
+            a.proc.wait()
+            for p in kernel_processes(kid):
+                p.kill()
+            deadline = time.monotonic() + 4 * timeout
+            while True:
+                try:
+                    await b.request(f"api/gpucr/kernels/{kid}/resume", "POST", {})
+                    break
+                except HTTPClientError as e:
+                    assert e.code == 409 and time.monotonic() < deadline, str(e)
+                    await asyncio.sleep(0.5)
+            ws = await b.ws(kid)
+            _, out, _ = await execute(ws, CHECK)
+            ws.close()
+            assert out.strip().splitlines()[-1] == EXPECTED, "the last durable checkpoint, not what A did after it"
+            st = await b.request(f"api/gpucr/kernels/{kid}")
+            assert st["warnings"][0].startswith(f"Taken over from {a_node}, which stopped renewing its lease"), st
+            with environ(env):
+                lease = ObjectStore(url, user=None).read_json(f"{kid}/lease.json")
+            assert lease is not None and lease["node"].endswith("cache-b")
             assert b.stop() == 0
         finally:
             for s in servers:
