@@ -35,7 +35,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -64,9 +64,11 @@ def fork_names(source: str, count: int, names: Sequence[str] | None) -> list[str
 
 
 def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | None = None,
-         gpu: str | int | None = "auto", detach: bool = True) -> list[Running]:
+         gpu: str | int | None = "auto", detach: bool = True, beside: Mapping[str, int] | None = None) -> list[Running]:
     """See the module docstring. All forks are made or none: a failure stops those already made
-    and removes their records; the source is as it was either way."""
+    and removes their records; the source is as it was either way. ``beside``: GPU memory (by
+    GPU UUID) each copy takes back itself after its restore (a kernel's offloaded tensors)."""
+    beside = beside or {}
     wanted = fork_names(name, count, names)
     for new in wanted:
         if cp.store.has_proc(new):
@@ -77,11 +79,12 @@ def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | Non
     ckpt = _source_checkpoint(cp, name, rec)
     image = read_image(ckpt.images)
     routes = netns.listening(image)
-    used = ckpt.manifest.get("gpu", {}).get("used", [])
+    used = [{**u, "memory_used": u["memory_used"] + beside.get(u["uuid"], 0)}
+            for u in ckpt.manifest.get("gpu", {}).get("used", [])]
     targets = gpu_targets(used, ckpt.manifest.get("gpu", {}).get("all", []), gpu, gpus.list_gpus(), len(wanted)) \
         if len(used) == 1 else [gpu] * len(wanted)
     with ThreadPoolExecutor(len(wanted) if len(used) <= 1 else 1, thread_name_prefix="gpucr-fork") as pool:
-        futures = [pool.submit(_make, cp, name, rec, ckpt, image, routes, new, target, detach)
+        futures = [pool.submit(_make, cp, name, rec, ckpt, image, routes, new, target, detach, beside)
                    for new, target in zip(wanted, targets)]
         outcomes: list[Running | BaseException] = []
         for f in futures:
@@ -129,7 +132,7 @@ def _source_checkpoint(cp: Checkpointer, name: str, rec: ProcRecord) -> Checkpoi
 
 
 def _make(cp: Checkpointer, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Image,
-          routes: list[netns.Route], new: str, gpu: str | int | None, detach: bool) -> Running:
+          routes: list[netns.Route], new: str, gpu: str | int | None, detach: bool, beside: Mapping[str, int]) -> Running:
     d = cp.store.proc_dir(new)
     files = _copy_written_files(image, cp.store.proc_dir(source), d)
     record: ProcRecord = {
@@ -139,7 +142,7 @@ def _make(cp: Checkpointer, source: str, rec: ProcRecord, ckpt: Checkpoint, imag
         "netns": netns.record_of(netns.free_ports(routes)), "files": files,
     }
     cp.store.write_proc(new, record)
-    return cp.restore(new, gpu=gpu, checkpoint_id=ckpt.id, detach=detach, files=files)
+    return cp.restore(new, gpu=gpu, checkpoint_id=ckpt.id, detach=detach, files=files, gpu_bytes_beside=beside)
 
 
 def _copy_written_files(image: Image, source_dir: Path, fork_dir: Path) -> dict[str, str]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.provisioning import KernelProvisionerFactory
@@ -21,7 +23,10 @@ from tornado import web
 
 from ..core import netns
 from ..core.checkpointer import Checkpointer, Running
-from ..core.errors import NotFoundError, PreconditionError, StateError
+from ..core.errors import EngineError, NotFoundError, PreconditionError, StateError
+from ..core.store import make_private_dir
+from . import kernel_rpc
+from .engines import OFFLOAD_DIR, _offloaded_by_gpu
 from .handlers import _KERNEL_ID, GPUCRHandler
 from .lifecycle import RUNNING, SUSPENDED
 
@@ -44,15 +49,38 @@ class KernelForker:
         ids = [str(uuid.uuid4()) for _ in range(count)]
         async with self.service.operation(kernel_id):
             self._check_state(kernel_id, km)
-            forks = await asyncio.to_thread(checkpointer.fork, kernel_id, names=ids, gpu=gpu, detach=False)
+            tensors = self._offloaded(kernel_id)
+            beside = _offloaded_by_gpu(self.service.store.latest(kernel_id), tensors) if tensors else {}
+            forks = await asyncio.to_thread(checkpointer.fork, kernel_id, names=ids, gpu=gpu, detach=False,
+                                            gpu_bytes_beside=beside)
         try:
             for running in forks:
                 await self._list(km, running)
+                if tensors:
+                    await self._refill(running.name, tensors)
         except BaseException:
             for running in forks:
                 await self._drop(running.name)
             raise
         return ids
+
+    def _offloaded(self, kernel_id: str) -> Path | None:
+        """The folder of GPU tensors a suspended kernel moved out before its suspend (it takes them
+        back itself after a restore: see ``gpucr_hooks.offload``), if any."""
+        tensors = self.service.store.proc_dir(kernel_id) / OFFLOAD_DIR
+        return tensors if self.service.lifecycle.state_of(kernel_id) == SUSPENDED and tensors.is_dir() else None
+
+    async def _refill(self, fork_id: str, tensors: Path) -> None:
+        """A fork of a suspended GPU kernel takes the tensors back from links of its own to its
+        source's files (the refill deletes the folder it read: the source's stays for its resume)."""
+        own = make_private_dir(self.service.store.proc_dir(fork_id) / OFFLOAD_DIR)
+        for f in tensors.iterdir():
+            os.link(f, own / f.name)
+        try:
+            await kernel_rpc.with_client(self.kernel_manager.get_kernel(fork_id), kernel_rpc.reload_from, own)
+        except kernel_rpc.SnapshotError as e:
+            raise EngineError(f"A fork could not take its GPU tensors back: {e}",
+                              "No fork was made; the source is as it was. Free GPU memory and retry.") from e
 
     def _source(self, kernel_id: str, count: int) -> Any:
         if kernel_id not in self.kernel_manager:

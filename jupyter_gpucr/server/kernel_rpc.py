@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["SnapshotError", "load", "offload", "prepare_suspend", "reload", "save", "saved_replies", "with_client"]
+__all__ = ["SnapshotError", "load", "offload", "prepare_suspend", "reload", "reload_from", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -108,6 +108,12 @@ async def offload(client: Any, path: str | os.PathLike[str], collect: bool = Tru
 async def reload(client: Any, timeout: float | None = 600.0) -> dict[str, Any]:
     """Put offloaded tensors back on the GPU (after a restore, or a suspend that failed)."""
     return await _call(client, "reload_tensors", {}, timeout)
+
+
+async def reload_from(client: Any, path: str | os.PathLike[str], timeout: float | None = 600.0) -> dict[str, Any]:
+    """Put offloaded tensors back on the GPU from the folder ``path`` (a fork's own links to its
+    source's files: the folder is deleted after, the source's stays)."""
+    return await _call(client, "reload_tensors_from", {"path": os.path.abspath(path)}, timeout)
 
 
 async def _call(client: Any, hook: str, arguments: dict[str, Any], timeout: float | None) -> Any:

@@ -79,3 +79,18 @@ async def test_fork_a_gpu_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
         assert await _run(jp_ws_fetch, k, SHOW) == shown
     assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "running"
     print(f"\nforked a GPU kernel into 2 in {forked_in:.2f} s")
+
+
+async def test_fork_a_suspended_gpu_kernel(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """A suspended GPU kernel moved its tensors out beside its image; a fork of it takes them back
+    from links of its own, so the source's resume still finds them."""
+    kid = (await new_session(jp_fetch, "gpu-on-disk.ipynb"))["kernel"]["id"]
+    await _run(jp_ws_fetch, kid, MODEL)
+    shown = await _run(jp_ws_fetch, kid, SHOW)
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert st["trim"]["offload"]["bytes"] >= 1 << 30, st["trim"]
+    made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={})
+    (fork,) = [k["id"] for k in made["kernels"]]
+    assert await _run(jp_ws_fetch, fork, SHOW) == shown
+    assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
+    assert await _run(jp_ws_fetch, kid, SHOW) == shown  # resumed, with its own tensors
