@@ -8,6 +8,7 @@ the checkpoint on any failure.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import getpass
 import json
 import os
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -117,6 +119,10 @@ class Checkpointer:
         self.lazy_restore = lazy_restore
         self.network_lock_hold = network_lock_hold
         self.restore_check = restore_check
+        #: Entered with (name, checkpoint id, images folder) while CRIU writes the images: an
+        #: upload to object storage that starts at once (``streamup``); its exit learns whether
+        #: the dump succeeded.
+        self.beside_dump: Callable[[str, str, Path], AbstractContextManager[Any]] | None = None
         self._criu: Criu | None = None
 
     @property
@@ -278,7 +284,8 @@ class Checkpointer:
                 before_dump()
                 timings["before_dump"] = time.perf_counter() - t1
             progress("dumping", 0, estimate)
-            with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests:
+            beside = self.beside_dump(name, cid, tmp / "images") if self.beside_dump else contextlib.nullcontext()
+            with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests, beside:
                 timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running,
                                             leave_stopped=not leave_running,
                                             keep_log=self.store.proc_dir(name) / "dump-failed.log")

@@ -204,7 +204,7 @@ class ObjectStore:
 
     # -- conditional writes (the lease) --------------------------------------------------------
     @property
-    def _s3(self) -> bool:
+    def is_s3(self) -> bool:
         return type(self.fs).__name__ == "S3FileSystem"
 
     def read_json_tagged(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -212,7 +212,7 @@ class ObjectStore:
         ETag); (None, None) when there is none. The tag is read first, so a write in between
         makes a later :meth:`replace_json` with it fail rather than succeed on stale contents."""
         try:
-            tag = str(self.fs.info(self.path(key)).get("ETag") or "") if self._s3 else None
+            tag = str(self.fs.info(self.path(key)).get("ETag") or "") if self.is_s3 else None
             data = self.fs.cat_file(self.path(key))
         except FileNotFoundError:
             return None, None
@@ -230,7 +230,7 @@ class ObjectStore:
         (``If-Match`` / ``If-None-Match``), so of two writers with the same tag one wins; elsewhere
         the tag is compared, then the object written (not atomic: a shared file system)."""
         data = json.dumps(value, indent=1).encode()
-        if not self._s3:
+        if not self.is_s3:
             if etag is None:
                 return hashlib.sha256(data).hexdigest() if self.write_json(key, value, create=True) else None
             if self.read_json_tagged(key)[1] != etag:

@@ -30,6 +30,7 @@ from .images import read_image
 from .jsonfile import read_json, write_json_atomic
 from .objectstore import ObjectStore, ObjectStoreError
 from .store import Checkpoint, ProcRecord, Store, make_private_dir, read_manifest, tighten_permissions
+from .streamup import StreamingUpload
 
 MARKER = "upload.json"
 COMPLETE = "complete.json"
@@ -68,10 +69,11 @@ def mark_pending(ckpt: Checkpoint, remote: ObjectStore) -> None:
 
 
 def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progress | None = None,
-           keep_last: int = 1) -> dict[str, Any]:
+           keep_last: int = 1, streamed: StreamingUpload | None = None) -> dict[str, Any]:
     """Put the checkpoint and its process's files into the store, check that every object is
     there with its size, then write ``complete.json``; older checkpoints of the name in the store
-    beyond ``keep_last`` are deleted afterwards. The local copy is kept. Returns what moved."""
+    beyond ``keep_last`` are deleted afterwards. The local copy is kept. ``streamed``: what was
+    uploaded while CRIU wrote the images (only what it did not finish is sent). Returns what moved."""
     t0 = time.perf_counter()
     name, proc_dir = ckpt.name, store.proc_dir(ckpt.name)
     mark_pending(ckpt, remote)
@@ -80,9 +82,12 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
     pairs += [(str(p), f"proc/{p.relative_to(proc_dir)}") for p in _proc_files(proc_dir)]
     sizes = {key: os.path.getsize(local) for local, key in pairs}
     total = sum(sizes.values())
+    already = streamed.result() if streamed is not None else {}
+    todo = [(local, key) for local, key in pairs if already.get(key) != sizes[key]]
+    before = total - sum(sizes[key] for _, key in todo)
     remote.write_json(f"{base}/{UPLOADING}", {"node": node_id(store), "since": time.time(), "bytes": total})
-    remote.put_files([(local, f"{base}/{key}") for local, key in pairs],
-                     (lambda done: progress(done, total)) if progress else None)
+    remote.put_files([(local, f"{base}/{key}") for local, key in todo],
+                     (lambda done: progress(before + done, total)) if progress else None)
     there = remote.sizes(base)
     wrong = [f"{key} ({there.get(key, 'no')} bytes in the store, {size} here)" for key, size in sizes.items()
              if there.get(key) != size]
@@ -96,7 +101,8 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
     write_json_atomic(ckpt.path / MARKER, {"state": "done", "store": repr(remote), "at": time.time()})
     for old in completed(remote, name)[:-max(keep_last, 1)]:
         remote.delete(f"{name}/{old['id']}", recursive=True)
-    return {"bytes": total, "objects": len(pairs), "seconds": time.perf_counter() - t0}
+    return {"bytes": total, "objects": len(pairs), "seconds": time.perf_counter() - t0, "streamed": before,
+            "during_dump": streamed.during_dump if streamed is not None else 0}
 
 
 def completed(remote: ObjectStore, name: str) -> list[dict[str, Any]]:

@@ -13,12 +13,15 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Container
+from pathlib import Path
 from typing import Any
 
 from ..core import upload
+from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError
 from ..core.objectstore import ObjectStore, is_url
 from ..core.store import Checkpoint, Manifest, Store
+from ..core.streamup import StreamingUpload
 from .config import GPUCR
 from .lifecycle import SUSPENDED, UPLOADING, KernelLifecycle
 
@@ -45,7 +48,18 @@ class RemoteKernels:
         self._uploads: dict[str, asyncio.Task[None]] = {}
         self._leases: dict[str, upload.Lease] = {}  # the kernels this node holds, renewed by the heartbeat
         self._heartbeat: asyncio.Task[None] | None = None
+        self._streams: dict[str, StreamingUpload] = {}  # by checkpoint id, from the dump to the upload
         self._lost: set[str] = set()  # kernels whose lease another node took over while they ran here
+
+    def stream_from(self, checkpointer: Any) -> None:
+        """Upload each dump of ``checkpointer`` while CRIU writes it (S3; a checkpointer that runs
+        CRIU in this process, whose images this server can read)."""
+        if self.remote.is_s3 and isinstance(checkpointer, Checkpointer):
+            checkpointer.beside_dump = self._stream
+
+    def _stream(self, name: str, cid: str, images: Path) -> StreamingUpload:
+        self._streams[cid] = stream = StreamingUpload(self.remote, f"{name}/{cid}", images, self.node)
+        return stream
 
     async def check(self) -> None:
         """Raise :class:`ObjectStoreError` (the kernel is not touched) when the store does not answer."""
@@ -59,6 +73,7 @@ class RemoteKernels:
 
     async def _upload(self, kernel_id: str, ckpt: Checkpoint) -> None:
         loop = asyncio.get_running_loop()
+        streamed = self._streams.pop(ckpt.id, None)
         if kernel_id in self._lost:  # the store's copy is the other node's now: not replaced by this one
             self.lifecycle.transition(
                 kernel_id, SUSPENDED, "failed", error=f"Another node took this kernel's lease over while it ran here; it "
@@ -70,7 +85,7 @@ class RemoteKernels:
             loop.call_soon_threadsafe(self.lifecycle.progress, kernel_id, "uploading", done, total)
 
         try:
-            moved = await asyncio.to_thread(upload.upload, self.remote, self.store, ckpt, report, self.keep_last)
+            moved = await asyncio.to_thread(upload.upload, self.remote, self.store, ckpt, report, self.keep_last, streamed)
         except GPUCRError as e:
             self.log.error("gpucr: kernel %s: %s %s", kernel_id, e.message, e.hint)
             if self.lifecycle.state_of(kernel_id) == UPLOADING:
@@ -79,8 +94,9 @@ class RemoteKernels:
                     f"({ckpt.path}): it restores here, not on another node.",
                     hint="The upload is redone at the next server start; check the store, then restart the server.")
             return
-        self.log.info("gpucr: kernel %s is in %r: %d MiB in %d objects in %.2f s", kernel_id, self.remote,
-                      moved["bytes"] >> 20, moved["objects"], moved["seconds"])
+        self.log.info("gpucr: kernel %s is in %r: %d MiB in %d objects, %d MiB of them while CRIU wrote them, the rest "
+                      "in %.2f s after the dump", kernel_id, self.remote, moved["bytes"] >> 20, moved["objects"],
+                      moved["streamed"] >> 20, moved["seconds"])
         state = self.lifecycle.state_of(kernel_id)
         if state == UPLOADING:
             st = self.lifecycle.get(kernel_id)

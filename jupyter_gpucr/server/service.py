@@ -91,6 +91,8 @@ class KernelSuspender:
         url = remote_url(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
         self.remote = RemoteKernels(ObjectStore(url, config.store_options), store, lifecycle, log, config.keep_last,
                                     config.lease_timeout_s) if url else None
+        if self.remote:
+            self.remote.stream_from(self.checkpointer)
 
     @property
     def store(self) -> Store:

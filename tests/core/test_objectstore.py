@@ -16,6 +16,7 @@ from jupyter_gpucr.core.checkpointer import Checkpointer
 from jupyter_gpucr.core.errors import CheckpointDamagedError
 from jupyter_gpucr.core.objectstore import ObjectStore, ObjectStoreError
 from jupyter_gpucr.core.store import Store
+from jupyter_gpucr.core.streamup import PART, StreamingUpload
 from jupyter_gpucr.core.upload import LeaseHeldError, download, kernels, latest, take_lease, upload
 from tests.conftest import agent_command, ask, wait_for_line
 from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
@@ -102,3 +103,35 @@ def test_a_store_that_is_down_says_so(tmp_path):
     assert time.monotonic() - t0 < 30
     assert f"s3://{BUCKET}/x/alice could not be used" in e.value.message and "Could not connect" in e.value.message
     assert "AWS_ENDPOINT_URL" in e.value.hint
+
+
+def test_images_upload_while_criu_writes_them(criu_path, s3, tmp_path):
+    """The process's pages go to the store in parts while CRIU still writes them; the upload after
+    the commit sends only the rest, and another node restores what arrived."""
+    node_a, node_b = Store(tmp_path / "cache-a"), Store(tmp_path / "cache-b")
+    remote = ObjectStore(f"s3://{BUCKET}/stream", user="alice")
+    os.environ["AGENT_FILE"] = str(tmp_path / "counts")
+    a = Checkpointer(node_a)
+    streams: dict[str, StreamingUpload] = {}
+
+    def follow(name: str, cid: str, images: Path) -> StreamingUpload:
+        streams[cid] = StreamingUpload(remote, f"{name}/{cid}", images, "node-a")
+        return streams[cid]
+
+    a.beside_dump = follow
+    a.run("agent", agent_command("cpu_agent.py", "160"))
+    hello = wait_for_line(node_a.proc_dir("agent") / "stdout.log")
+    ckpt = a.checkpoint("agent")
+    moved = upload(remote, node_a, ckpt, streamed=streams[ckpt.id])
+    images = sum(int(f["size"]) for f in ckpt.manifest["files"].values())
+    assert moved["streamed"] >= images, moved  # every image file was complete in the store before the upload began
+    assert moved["during_dump"] >= PART, moved  # whole parts went out while CRIU wrote
+    shutil.rmtree(tmp_path / "cache-a")
+
+    b = Checkpointer(node_b)
+    download(remote, node_b, kernels(remote)["agent"])
+    b.restore("agent")
+    try:
+        assert ask(hello["port"])["checksum"] == hello["checksum"]
+    finally:
+        b.remove("agent", kill=True)

@@ -1,0 +1,178 @@
+"""Upload a checkpoint's images to S3 while CRIU writes them, so the upload ends soon after the dump.
+
+CRIU writes each image file sequentially and never rewrites what it wrote (the digests computed
+while it writes rely on the same), so every whole part below a file's current size is final.
+Each file becomes a multipart upload as soon as it holds one part: parts go out while the dump
+goes on, several at once, read at their offset from a descriptor opened when the file appeared
+(the folder is renamed when the checkpoint is committed). Once CRIU has returned, the tails and
+the small files go out and each upload is completed; what fails here is left to the upload
+after the commit, which sends every file the store does not have complete.
+
+Why not inotify's ``IN_CLOSE_WRITE``: the file that matters, a process's pages, is closed only at
+the end of the dump, so close events would start its upload no earlier than now; its growth is
+what there is to follow. The folder is looked at every 50 ms.
+
+S3 only (multipart uploads through s3fs's client); other stores upload after the commit.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .objectstore import STREAMS, ObjectStore
+
+#: Bytes per part (S3 allows 10,000 parts: files up to 312 GiB stream; larger ones upload after).
+PART = 32 << 20
+#: Parts in flight at once while CRIU still writes (each is in memory until sent).
+IN_FLIGHT = 4
+MAX_PARTS = 10_000
+
+
+@dataclass
+class _File:
+    rel: str
+    fd: int
+    queued: int = 0
+    upload_id: str | None = None
+    parts: list[Future[dict[str, Any]]] = field(default_factory=list)
+
+
+class StreamingUpload:
+    """Follow ``images`` while CRIU writes it and upload its files below ``base``/checkpoint/images/
+    (a context manager around the dump; :meth:`result` once the tails are in)."""
+
+    def __init__(self, remote: ObjectStore, base: str, images: Path, node: str) -> None:
+        self.remote, self.base, self.images, self.node = remote, base, images, node
+        self._files: dict[str, _File] = {}
+        self._opening = threading.Lock()
+        self._pool = ThreadPoolExecutor(STREAMS, thread_name_prefix="gpucr-stream")
+        self._slots = threading.Semaphore(IN_FLIGHT)
+        self._ended = threading.Event()
+        self._aborted = threading.Event()
+        self._result: Future[dict[str, int]] = Future()
+        self._thread = threading.Thread(target=self._run, name="gpucr-stream-watch", daemon=True)
+        #: Bytes handed to the store while CRIU still wrote (whole parts).
+        self.during_dump = 0
+
+    # -- the dump's side ---------------------------------------------------------------------
+    def __enter__(self) -> StreamingUpload:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is not None:  # no checkpoint: nothing of it may complete in the store
+            self._aborted.set()
+            self._ended.set()
+            return
+        self._open_new()  # every file, while the folder still has this name
+        self._ended.set()
+
+    def result(self, timeout: float | None = None) -> dict[str, int]:
+        """The keys (below ``base``) that are complete in the store, with their sizes."""
+        return self._result.result(timeout)
+
+    # -- the watcher -------------------------------------------------------------------------
+    def _key(self, rel: str) -> str:
+        return self.remote.path(f"{self.base}/checkpoint/images/{rel}")
+
+    def _s3(self, method: str, **kwargs: Any) -> Any:
+        bucket, key, _ = self.remote.fs.split_path(kwargs.pop("path"))
+        return self.remote.fs.call_s3(method, Bucket=bucket, Key=key, **kwargs)
+
+    def _open_new(self) -> None:
+        with self._opening:
+            for p in sorted(self.images.rglob("*")) if self.images.is_dir() else []:
+                rel = str(p.relative_to(self.images))
+                if rel not in self._files and p.is_file() and not p.is_symlink():
+                    try:
+                        self._files[rel] = _File(rel, os.open(p, os.O_RDONLY))
+                    except FileNotFoundError:
+                        pass
+
+    def _run(self) -> None:
+        done: dict[str, int] = {}
+        try:
+            self.remote.write_json(f"{self.base}/uploading.json", {"node": self.node, "since": time.time(),
+                                                                   "streaming": True})
+            while not self._ended.wait(0.05):
+                self._open_new()
+                for f in list(self._files.values()):
+                    self._queue_whole_parts(f)
+            self.during_dump = sum(f.queued for f in self._files.values())
+            if not self._aborted.is_set():
+                done = self._finish()
+        except BaseException:  # the upload after the commit sends what is missing
+            pass
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)  # no part reads a descriptor closed below
+            for f in self._files.values():
+                if f.upload_id and f"checkpoint/images/{f.rel}" not in done:  # incomplete uploads cost storage
+                    self._abort(f)
+                os.close(f.fd)
+            self._result.set_result(done)
+
+    def _queue_whole_parts(self, f: _File) -> None:
+        size = os.fstat(f.fd).st_size
+        while size - f.queued >= PART and len(f.parts) < MAX_PARTS - 1 and not self._aborted.is_set():
+            if f.upload_id is None:
+                f.upload_id = self._s3("create_multipart_upload", path=self._key(f.rel))["UploadId"]
+            self._slots.acquire()
+            f.parts.append(self._pool.submit(self._part, f, len(f.parts) + 1, f.queued, PART))
+            f.queued += PART
+
+    def _part(self, f: _File, number: int, offset: int, length: int) -> dict[str, Any]:
+        try:
+            data = os.pread(f.fd, length, offset)
+            if len(data) != length:
+                raise OSError(f"{f.rel}: {len(data)} bytes read at {offset}, {length} expected")
+            reply = self._s3("upload_part", path=self._key(f.rel), UploadId=f.upload_id, PartNumber=number, Body=data)
+            return {"PartNumber": number, "ETag": reply["ETag"]}
+        finally:
+            self._slots.release()
+
+    def _finish(self) -> dict[str, int]:
+        """The tails and the small files, then each multipart upload completed; the keys done.
+        Only this thread waits on parts (a part never waits on another task of the pool)."""
+        wholes: dict[str, Future[int]] = {}
+        for f in self._files.values():
+            size = os.fstat(f.fd).st_size
+            if f.upload_id is None:
+                wholes[f.rel] = self._pool.submit(self._whole, f, size)
+            elif size > f.queued:
+                self._slots.acquire()
+                f.parts.append(self._pool.submit(self._part, f, len(f.parts) + 1, f.queued, size - f.queued))
+                f.queued = size
+        done = {}
+        for f in self._files.values():
+            if f.upload_id is None:
+                continue
+            try:
+                parts = [p.result() for p in f.parts]
+                self._s3("complete_multipart_upload", path=self._key(f.rel), UploadId=f.upload_id,
+                         MultipartUpload={"Parts": parts})
+                done[f"checkpoint/images/{f.rel}"] = f.queued
+            except Exception:
+                self._abort(f)
+        for rel, fut in wholes.items():
+            try:
+                done[f"checkpoint/images/{rel}"] = fut.result()
+            except Exception:
+                pass
+        return done
+
+    def _whole(self, f: _File, size: int) -> int:
+        self._s3("put_object", path=self._key(f.rel), Body=os.pread(f.fd, size, 0) if size else b"")
+        return size
+
+    def _abort(self, f: _File) -> None:
+        try:
+            self._s3("abort_multipart_upload", path=self._key(f.rel), UploadId=f.upload_id)
+        except Exception:
+            pass
+        f.upload_id = None
