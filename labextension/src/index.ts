@@ -5,8 +5,8 @@
  * Wiring only: the REST client lives in api.ts, the model in model.ts (its
  * kernel states and their arbitration in store.ts), the state logic in
  * state.ts and its words in messages.ts, the views in statusbar.tsx,
- * panel.tsx, kernelindicator.ts and running.ts, the commands in commands.ts,
- * the restart dialog in dialogs.ts.
+ * panel.tsx, kernelindicator.ts and running.ts, the commands in commands.ts
+ * (Fork Kernel in fork.ts), the restart dialog in dialogs.ts.
  *
  * Five plugins: the model (shared); three that replace JupyterLab's own
  * (disabled in package.json), for what JupyterLab 4.6 has no extension point
@@ -45,6 +45,7 @@ import { Menu, Widget } from '@lumino/widgets';
 import { cellExecutor } from './cellexecutor';
 import { addCommands, currentKernelId, panelForKernel } from './commands';
 import { GpucrSessionDialogs } from './dialogs';
+import { addForkCommand } from './fork';
 import { GpucrKernelIndicator } from './kernelindicator';
 import { kernelStatusPlugin } from './kernelstatusplugin';
 import { GpucrModel } from './model';
@@ -242,11 +243,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
       },
       openPanel
     });
+    addForkCommand({
+      commands,
+      model,
+      tracker,
+      contents: serviceManager.contents,
+      serverSettings: serviceManager.serverSettings,
+      label: kernelId => notifier.label(kernelId)
+    });
 
     if (palette) {
       const category = 'Suspended Kernels';
       for (const command of [
         CommandIDs.suspend,
+        CommandIDs.fork,
         CommandIDs.cancelSuspend,
         CommandIDs.resume,
         CommandIDs.openPanel,

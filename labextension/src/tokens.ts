@@ -22,4 +22,5 @@ export namespace CommandIDs {
   export const deleteFromTrash = 'gpucr:delete-from-trash';
   export const openPanel = 'gpucr:open-panel';
   export const refresh = 'gpucr:refresh';
+  export const fork = 'gpucr:fork';
 }
