@@ -4,8 +4,11 @@ Before a suspend the store is asked once whether it answers, so a store that is 
 the credentials leaves the kernel running with the reason. After the dump the kernel is
 ``uploading`` (its GPU is free, its local copy is kept and restores here) and becomes
 ``suspended`` once every object is in the store. A restore first claims the kernel's lease and
-downloads its newest checkpoint when this node does not have it. At start, uploads an earlier
-server left unfinished are redone and the kernels other nodes left in the store are listed.
+downloads its newest checkpoint when this node does not have it; while the node holds the kernel
+a heartbeat renews the lease, and a lease left unrenewed for ``c.GPUCR.lease_timeout_s`` (a lost
+node) is taken over. With S3 the upload begins while CRIU writes the images (``core/streamup.py``).
+At start, uploads an earlier server left unfinished are redone and the kernels other nodes left
+in the store are listed.
 """
 from __future__ import annotations
 
