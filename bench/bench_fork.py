@@ -9,8 +9,9 @@ weights, its KV cache and its cached 4 GiB temporary on cuda:0). Each round, all
 cache (the checkpoint was just written):
 
 - fork of the running kernel: ``POST /api/gpucr/kernels/{id}/fork`` with ``{"count": 2}`` (the
-  source's dump, which leaves it running, and two restores side by side), then the cell in both
-  copies at once: the time until both answered;
+  source paused for its checkpoint, its GPU tensors moved out and back as in a suspend, then two
+  restores side by side), then the cell in both copies at once: the time until both answered, and
+  how long the source was paused;
 - the same fork of the kernel suspended (its checkpoint restored twice; the dump is not part of it);
 - a single restore: the cell on the suspended kernel, which restores it: the time until it answered.
 
@@ -65,22 +66,14 @@ def answer(server: Server, kernel_id: str, cell: str) -> tuple[str, float]:
     return out, time.perf_counter()
 
 
-def source_dump(store: Path, kid: str) -> dict:
-    """The timings of the newest checkpoint made for a fork of ``kid`` (its source's dump)."""
-    manifests = [m for p in store.glob("checkpoints/*/manifest.json")
-                 if (m := json.loads(p.read_text())).get("name") == kid and m.get("reason") == "fork"]
-    return max(manifests, key=lambda m: m["created"])["timings"] if manifests else {}
-
-
 def fork_round(server: Server, kid: str, cell: str) -> dict:
     """Fork ``kid`` into 2 and run the cell in both at once: the seconds to the fork's answer and
-    to both cells' answers, the answers, and the source's dump when it was running. The copies are
-    shut down after."""
-    running = server.rest(f"api/gpucr/kernels/{kid}")["state"] == "running"
+    to both cells' answers, the answers, and, when it was running, how long the source was paused
+    and where that went (the server's answer says). The copies are shut down after."""
     t0 = time.perf_counter()
     made = server.rest(f"api/gpucr/kernels/{kid}/fork", "POST", {"count": 2, "gpu": "auto"})
     forked = time.perf_counter() - t0
-    dump = source_dump(server.store, kid) if running else {}
+    paused = made.get("source") or {}
     ids = [k["id"] for k in made["kernels"]]
     try:
         with ThreadPoolExecutor(len(ids)) as pool:
@@ -89,7 +82,7 @@ def fork_round(server: Server, kid: str, cell: str) -> dict:
         for k in ids:
             server.rest(f"api/kernels/{k}", "DELETE")
     return {"fork_s": forked, "both_answered_s": max(at for _, at in answers) - t0,
-            "source_dump_s": dump.get("total"), "answers": [out for out, _ in answers]}
+            "source_paused_s": paused.get("paused_s"), "source": paused, "answers": [out for out, _ in answers]}
 
 
 def rounds(server: Server, setup: str, cell: str, count: int) -> tuple[str, list[dict]]:
@@ -135,11 +128,11 @@ def main() -> None:
         server.stop()
     fmt = "{:6} {:>16} {:>14} {:>16} {:>18} {:>18} {:>6}"
     print(what)
-    print(fmt.format("round", "fork (running)", "of it: dump", "both answered", "fork (suspended)",
+    print(fmt.format("round", "fork (running)", "source paused", "both answered", "fork (suspended)",
                      "single restore", "same"))
     for r in rows:
         running, suspended = r["fork_running"], r["fork_suspended"]
-        print(fmt.format(r["round"], f"{running['fork_s']:.2f}", f"{running['source_dump_s'] or 0:.2f}",
+        print(fmt.format(r["round"], f"{running['fork_s']:.2f}", f"{running['source_paused_s'] or 0:.2f}",
                          f"{running['both_answered_s']:.2f}", f"{suspended['both_answered_s']:.2f}",
                          f"{r['single_restore_answered_s']:.2f}", str(r["same"])))
     best = {k: min(f(r) for r in rows) for k, f in (

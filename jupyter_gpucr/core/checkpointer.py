@@ -388,11 +388,13 @@ class Checkpointer:
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, name: str, count: int = 1, names: Sequence[str] | None = None, gpu: str | int | None = "auto",
-             detach: bool = True, gpu_bytes_beside: Mapping[str, int] | None = None) -> builtins.list[Running]:
+             detach: bool = True, gpu_bytes_beside: Mapping[str, int] | None = None,
+             checkpoint_id: str | None = None) -> builtins.list[Running]:
         """``count`` copies of ``name`` (``names``, else NAME-fork-1...), each in its own namespaces;
         see :mod:`.fork`. A running ``name`` runs on; a checkpointed one stays on disk.
-        ``gpu_bytes_beside``: as for :meth:`restore`, for each copy."""
-        return fork_copies(self, name, count, names, gpu, detach, gpu_bytes_beside or {})
+        ``gpu_bytes_beside``: as for :meth:`restore`, for each copy. ``checkpoint_id``: a checkpoint
+        of ``name`` the caller just took to fork from (the server's, with the tensors moved out)."""
+        return fork_copies(self, name, count, names, gpu, detach, gpu_bytes_beside or {}, checkpoint_id)
 
     # -- restore -------------------------------------------------------------------------
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,

@@ -2,8 +2,10 @@
 
 The source is checkpointed and left running (paused only while its dump takes: CRIU's
 ``--leave-running``), or, when it is on disk already, its latest checkpoint is used and it stays
-there. Each copy is restored from those images under a name of its own, in namespaces of its
-own: PIDs (as every gpucr process), mount, and network. What each copy gets:
+there; a caller that took the checkpoint itself names it (the server moves a kernel's GPU
+tensors out first: ``server/fork_source.py``). Each copy is restored from those images under a
+name of its own, in namespaces of its own: PIDs (as every gpucr process), mount, and network.
+What each copy gets:
 
 - **Memory, GPU memory, threads, files opened for reading**: as the source had them (RNG states
   too: forks draw the same numbers until reseeded, ``gpucr_hooks.reseed``).
@@ -64,10 +66,12 @@ def fork_names(source: str, count: int, names: Sequence[str] | None) -> list[str
 
 
 def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | None = None,
-         gpu: str | int | None = "auto", detach: bool = True, beside: Mapping[str, int] | None = None) -> list[Running]:
+         gpu: str | int | None = "auto", detach: bool = True, beside: Mapping[str, int] | None = None,
+         checkpoint_id: str | None = None) -> list[Running]:
     """See the module docstring. All forks are made or none: a failure stops those already made
     and removes their records; the source is as it was either way. ``beside``: GPU memory (by
-    GPU UUID) each copy takes back itself after its restore (a kernel's offloaded tensors)."""
+    GPU UUID) each copy takes back itself after its restore (a kernel's offloaded tensors).
+    ``checkpoint_id``: the source's checkpoint to fork from, instead of a new one or its latest."""
     beside = beside or {}
     wanted = fork_names(name, count, names)
     for new in wanted:
@@ -76,7 +80,7 @@ def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | Non
     if len(set(wanted)) != len(wanted) or name in wanted:
         raise StateError("Each fork needs a name of its own.", "Pick different names.")
     rec = cp.store.read_proc(name)
-    ckpt = _source_checkpoint(cp, name, rec)
+    ckpt = cp.store.get(checkpoint_id) if checkpoint_id else _source_checkpoint(cp, name, rec)
     image = read_image(ckpt.images)
     routes = netns.listening(image)
     used = [{**u, "memory_used": u["memory_used"] + beside.get(u["uuid"], 0)}

@@ -1,7 +1,8 @@
 """Fork a kernel: ``POST /api/gpucr/kernels/{id}/fork`` with ``{"count": N, "gpu": "auto"}``.
 
-The copies are made by the core (``core/fork.py``: a checkpoint that leaves the source running, or
-the checkpoint a suspended source is in, restored N times, each in namespaces of its own). Here
+The copies are made by the core (``core/fork.py``), restored N times, each in namespaces of its
+own, from the checkpoint a suspended source is in, or from one of a running source taken as a
+suspend takes it, which leaves the source running (``fork_source.py``). Here
 each copy becomes a kernel of this server under a new id, listed in ``/api/kernels``, with a
 connection file of its own: the same key, and the host ports of the relay that leads to the
 copy's ports (see ``core/relay.py``). Only the server's own whole-process engine forks; through
@@ -24,9 +25,10 @@ from tornado import web
 from ..core import netns
 from ..core.checkpointer import Checkpointer, Running
 from ..core.errors import EngineError, NotFoundError, PreconditionError, StateError
-from ..core.store import make_private_dir
+from ..core.store import Checkpoint, make_private_dir
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR, _offloaded_by_gpu
+from .fork_source import checkpoint_running
 from .handlers import _KERNEL_ID, GPUCRHandler
 from .lifecycle import RUNNING, SUSPENDED
 
@@ -42,17 +44,33 @@ class KernelForker:
         self.service = service
         self.kernel_manager = service.kernel_manager
 
-    async def fork(self, kernel_id: str, count: int = 1, gpu: str = "auto") -> list[str]:
-        """The ids of ``count`` new kernels holding what ``kernel_id`` holds; see the module docstring."""
+    async def fork(self, kernel_id: str, count: int = 1, gpu: str = "auto") -> tuple[list[str], dict[str, Any] | None]:
+        """The ids of ``count`` new kernels holding what ``kernel_id`` holds (see the module
+        docstring), and where a running source's pause went (None for a suspended one)."""
         km = self._source(kernel_id, count)
-        checkpointer = self.service.checkpointer
         ids = [str(uuid.uuid4()) for _ in range(count)]
         async with self.service.operation(kernel_id):
             self._check_state(kernel_id, km)
-            tensors = self._offloaded(kernel_id)
-            beside = _offloaded_by_gpu(self.service.store.latest(kernel_id), tensors) if tensors else {}
-            forks = await asyncio.to_thread(checkpointer.fork, kernel_id, names=ids, gpu=gpu, detach=False,
-                                            gpu_bytes_beside=beside)
+            source = None
+            if self.service.lifecycle.state_of(kernel_id) == RUNNING:
+                source = await checkpoint_running(self.service, kernel_id, km)
+                ckpt, tensors = source.checkpoint, source.tensors
+            else:
+                ckpt, tensors = self.service.store.latest(kernel_id), self._offloaded(kernel_id)
+            try:
+                await self._make(km, kernel_id, ids, gpu, ckpt, tensors)
+            finally:
+                if source is not None:
+                    source.discard(self.service)
+        return ids, source.report if source else None
+
+    async def _make(self, km: Any, kernel_id: str, ids: list[str], gpu: str, ckpt: Checkpoint,
+                    tensors: Path | None) -> None:
+        """Restore the copies from ``ckpt``, list them and have each take the GPU tensors back
+        from links of its own to the files in ``tensors``; all of them or none."""
+        beside = _offloaded_by_gpu(ckpt, tensors) if tensors else {}
+        forks = await asyncio.to_thread(self.service.checkpointer.fork, kernel_id, names=ids, gpu=gpu, detach=False,
+                                        gpu_bytes_beside=beside, checkpoint_id=ckpt.id)
         try:
             for running in forks:
                 await self._list(km, running)
@@ -62,17 +80,16 @@ class KernelForker:
             for running in forks:
                 await self._drop(running.name)
             raise
-        return ids
 
     def _offloaded(self, kernel_id: str) -> Path | None:
         """The folder of GPU tensors a suspended kernel moved out before its suspend (it takes them
         back itself after a restore: see ``gpucr_hooks.offload``), if any."""
         tensors = self.service.store.proc_dir(kernel_id) / OFFLOAD_DIR
-        return tensors if self.service.lifecycle.state_of(kernel_id) == SUSPENDED and tensors.is_dir() else None
+        return tensors if tensors.is_dir() else None
 
     async def _refill(self, fork_id: str, tensors: Path) -> None:
-        """A fork of a suspended GPU kernel takes the tensors back from links of its own to its
-        source's files (the refill deletes the folder it read: the source's stays for its resume)."""
+        """A fork of a GPU kernel takes the tensors back from links of its own to its source's
+        files (the refill deletes the folder it read: a suspended source's stays for its resume)."""
         own = make_private_dir(self.service.store.proc_dir(fork_id) / OFFLOAD_DIR)
         for f in tensors.iterdir():
             os.link(f, own / f.name)
@@ -166,9 +183,12 @@ class ForkHandler(GPUCRHandler):
         count, gpu = body.get("count", 1), body.get("gpu", "auto")
         if not isinstance(count, int) or isinstance(count, bool):
             raise web.HTTPError(400, "'count' is a whole number.")
-        ids = await KernelForker(self.service).fork(kernel_id, count, "auto" if gpu is None else str(gpu))
+        ids, paused = await KernelForker(self.service).fork(kernel_id, count, "auto" if gpu is None else str(gpu))
         mkm = self.service.kernel_manager
-        self.finish(json.dumps({"kernels": [mkm.kernel_model(k) for k in ids]}, default=str))
+        answer: dict[str, Any] = {"kernels": [mkm.kernel_model(k) for k in ids]}
+        if paused is not None:
+            answer["source"] = paused
+        self.finish(json.dumps(answer, default=str))
 
 
 def fork_handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:

@@ -1,6 +1,6 @@
 """Forking a kernel that holds a model on the GPU, through the real server: each copy holds the
 model on cuda:0 and generates the same tokens as its source, NVML lists three processes, and the
-source runs on. Runs on the H200 machine (docs/dev/gpu-tests.md); skips without a GPU."""
+source runs on, its tensors back on the GPU. Runs on the H200 machine (docs/dev/gpu-tests.md); skips without a GPU."""
 from __future__ import annotations
 
 import time
@@ -42,6 +42,8 @@ def generate(n=24):
 print(generate())
 """
 SHOW = "print(generate(), next(model.parameters()).device, float(ballast.sum()))"
+# nothing left off the GPU (gpucr_hooks.offload's own record of what it moved out), the ballast on it
+ON_GPU = "import gpucr_hooks.offload as o; print(len(o._offloaded), o._folder, torch.cuda.memory_allocated(0) >= 1 << 30)"
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +62,11 @@ async def _run(jp_ws_fetch, kernel_id, code):
     return out.strip()
 
 
+@pytest.mark.parametrize("jp_server_config", [{}, {"offload_gpu_tensors": False}], indirect=True,
+                         ids=["tensors-moved-out", "driver-checkpoint"])
 async def test_fork_a_gpu_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """By default the source's tensors leave the GPU for its checkpoint and come back, as in a
+    suspend; with ``offload_gpu_tensors`` off the driver's checkpoint copies them."""
     kid = (await new_session(jp_fetch, "gpu-src.ipynb"))["kernel"]["id"]
     tokens = await _run(jp_ws_fetch, kid, MODEL)
     shown = await _run(jp_ws_fetch, kid, SHOW)
@@ -69,6 +75,11 @@ async def test_fork_a_gpu_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
     t0 = time.perf_counter()
     made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={"count": 2, "gpu": "auto"})
     forked_in = time.perf_counter() - t0
+    paused = made["source"]
+    if jp_serverapp.kernel_manager.suspender.options.offload_gpu_tensors:
+        assert paused["offload"]["bytes"] >= 1 << 30 and paused["reload"]["bytes"] == paused["offload"]["bytes"], paused
+    else:
+        assert "offload" not in paused and paused["reload"] is None, paused
     forks = [k["id"] for k in made["kernels"]]
     pids = [kernel_pid(jp_serverapp, k) for k in (kid, *forks)]
     assert len(set(pids)) == 3
@@ -77,8 +88,9 @@ async def test_fork_a_gpu_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
 
     for k in (*forks, kid):  # each copy generates what its source generates; the source runs on
         assert await _run(jp_ws_fetch, k, SHOW) == shown
+        assert await _run(jp_ws_fetch, k, ON_GPU) == "0 None True"  # every tensor back on the GPU
     assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "running"
-    print(f"\nforked a GPU kernel into 2 in {forked_in:.2f} s")
+    print(f"\nforked a GPU kernel into 2 in {forked_in:.2f} s, the source paused {paused['paused_s']:.2f} s")
 
 
 async def test_fork_a_suspended_gpu_kernel(jp_fetch, jp_ws_fetch, jp_serverapp):

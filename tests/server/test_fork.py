@@ -3,12 +3,13 @@ What a user checks: each copy holds the source's variables, goes its own way, an
 runs on unchanged."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
 import pytest
 
-from tests.kernel_ws import execute
+from tests.kernel_ws import collect, execute, request, send
 from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
@@ -46,9 +47,28 @@ async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverap
     await _run(jp_ws_fetch, kid, STATE)
     source_pid = kernel_pid(jp_serverapp, kid)
 
-    made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={"count": 2, "gpu": "auto"})
+    # The source is paused as a suspend pauses it: a cell sent meanwhile waits in the server, and
+    # the source answers it once it runs on, before its copies are restored
+    ws = await open_ws(jp_ws_fetch, kid, "during-fork")
+    forking = asyncio.ensure_future(fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST",
+                                               body={"count": 2, "gpu": "auto"}))
+    await asyncio.sleep(0.3)
+    cell = request("print(x * 2)")
+    await send(ws, cell)
+    reply, out, _ = await collect(ws, cell["header"]["msg_id"])
+    assert not forking.done(), "the source answered only once its copies were made"
+    made = await forking
+    ws.close()
+    assert reply["content"]["status"] == "ok" and out.strip() == "84", out
+    paused = made["source"]
+    assert 0 < paused["paused_s"] < 60 and paused["offload"]["bytes"] == 0, paused  # nothing on a GPU to move
     forks = [k["id"] for k in made["kernels"]]
     assert len(set(forks)) == 2 and kid not in forks
+    # nothing of the fork is left beside the source: its checkpoint is useless without the
+    # tensors a GPU kernel moved out for it, so both are gone
+    store = jp_serverapp.kernel_manager.suspender.store
+    assert not [c.id for c in store.list_checkpoints(kid) if c.manifest.get("reason") == "fork"]
+    assert not {"gpu-tensors", "fork-tensors"} & {p.name for p in store.proc_dir(kid).iterdir()}
     listed = [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
     assert set(forks) <= set(listed) and kid in listed
     km = jp_serverapp.kernel_manager

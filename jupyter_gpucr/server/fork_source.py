@@ -1,0 +1,150 @@
+"""The checkpoint a running kernel's forks are restored from, taken as a suspend takes one.
+
+Through the driver's checkpoint alone a kernel's GPU memory is copied at about 2 GB/s, and the
+source is paused for all of it (W2: 7.7-13.1 s). So the source goes through the suspend's steps
+instead: its clients' messages are held, it trims itself and moves its GPU tensors into files
+beside its image (``gpucr_hooks.offload``, about 50 GB/s), CRIU dumps it and leaves it running
+(the driver copies only what is left), and it takes its tensors back, as after a failed suspend;
+then the held messages reach it. It is paused about as long as a suspend takes. Each fork takes
+the tensors back from links of its own to those files.
+
+That checkpoint is useless without the files, which are deleted once the forks hold their tensors:
+it is deleted with them (:meth:`SourceCheckpoint.discard`). When the source cannot take its
+tensors back, it keeps running without them and the error says how to get them back: they stay
+in the folder a suspend would have left them in, which its next resume refills from.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import EngineError, StateError
+from ..core.store import Checkpoint, make_private_dir
+from . import kernel_rpc
+from .engines import OFFLOAD_DIR
+
+#: Links to the source's offloaded tensor files, kept for its forks while the source takes the files back.
+FORK_TENSORS = "fork-tensors"
+#: How long the fork waits for requests the kernel already received to finish (as a suspend does).
+REPLY_GRACE_S = 2.0
+
+
+@dataclass
+class SourceCheckpoint:
+    """A running kernel's checkpoint for its forks; ``tensors``: links to its offloaded GPU tensors
+    (None when it had none on the GPU); ``report``: where the source's pause went."""
+
+    checkpoint: Checkpoint
+    tensors: Path | None
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def discard(self, service: Any) -> None:
+        """Delete the checkpoint and the links once the forks are made (or not): neither restores
+        anything without the other."""
+        if self.tensors is not None:
+            shutil.rmtree(self.tensors, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            service.store.delete(self.checkpoint.id)
+
+
+async def checkpoint_running(service: Any, kernel_id: str, km: Any) -> SourceCheckpoint:
+    """See the module docstring. Raises (the kernel running, with its tensors if at all possible)
+    when the checkpoint cannot be made."""
+    store = service.store
+    offload_to = store.proc_dir(kernel_id) / OFFLOAD_DIR
+    kept = store.proc_dir(kernel_id) / FORK_TENSORS
+    shutil.rmtree(kept, ignore_errors=True)  # left by a server that died in the middle of a fork
+    report: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    ckpt: Checkpoint | None = None
+    try:
+        async with _held(service.kernel_manager, kernel_id):
+            moved = await _move_tensors_out(service, km, offload_to)
+            report.update(moved)
+            t1 = time.perf_counter()
+            try:
+                ckpt = await asyncio.to_thread(service.checkpointer.checkpoint, kernel_id, True, "fork",
+                                               {"offload": moved.get("offload")})
+                report["dump"] = ckpt.manifest.get("timings", {})
+                if offload_to.is_dir():
+                    _link_all(offload_to, kept)
+            finally:
+                t2 = time.perf_counter()
+                report["checkpoint_s"] = round(t2 - t1, 3)
+                report["reload"] = await _tensors_back(service, kernel_id, km, offload_to)
+                report["reload_s"] = round(time.perf_counter() - t2, 3)
+        report["paused_s"] = round(time.perf_counter() - t0, 3)
+    except BaseException:
+        shutil.rmtree(kept, ignore_errors=True)
+        if ckpt is not None:
+            with contextlib.suppress(FileNotFoundError):
+                store.delete(ckpt.id)
+        raise
+    assert ckpt is not None  # else the checkpoint raised
+    service.log.info("gpucr: kernel %s was paused %.2f s for its fork (%d MiB of GPU tensors moved out and back)",
+                     kernel_id, report["paused_s"], (report.get("offload") or {}).get("bytes", 0) >> 20)
+    return SourceCheckpoint(ckpt, kept if kept.is_dir() else None, report)
+
+
+@contextlib.asynccontextmanager
+async def _held(mkm: Any, kernel_id: str) -> AsyncIterator[None]:
+    """The clients' messages wait in the server while the block runs, and reach the kernel after
+    it, whatever happened (the kernel runs on either way)."""
+    mkm.hold_messages(kernel_id)
+    try:
+        if await mkm.wait_for_replies(kernel_id, REPLY_GRACE_S):
+            raise StateError("The kernel is still answering a request.", "Fork it once it is idle.")
+        yield
+    finally:
+        await mkm.wake_connections(kernel_id)
+
+
+async def _move_tensors_out(service: Any, km: Any, offload_to: Path) -> dict[str, Any]:
+    """Have the kernel trim itself and move its GPU tensors into ``offload_to``, as before a
+    suspend. Neither may stop the fork (the driver's checkpoint takes what stays on the GPU), so
+    failures only log."""
+    options = service.options
+    report: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    client = km.client()
+    client.start_channels()
+    try:
+        if options.trim_before_suspend:
+            report["trim"] = await kernel_rpc.prepare_suspend(client, timeout=60)
+        if options.offload_gpu_tensors:
+            report["offload"] = await kernel_rpc.offload(client, offload_to, collect="trim" not in report)
+    except Exception as e:
+        service.log.warning("gpucr: the kernel did not move its GPU tensors out before its fork: %s", e)
+    finally:
+        client.stop_channels()
+    report["move_out_s"] = round(time.perf_counter() - t0, 3)
+    return report
+
+
+async def _tensors_back(service: Any, kernel_id: str, km: Any, offload_to: Path) -> dict[str, Any] | None:
+    """The source takes its GPU tensors back from ``offload_to`` (which the refill deletes)."""
+    if not offload_to.is_dir():
+        return None
+    try:
+        return dict(await kernel_rpc.with_client(km, kernel_rpc.reload))
+    except Exception as e:
+        service.log.error("gpucr: kernel %s could not take its GPU tensors back after its fork's checkpoint: %s",
+                          kernel_id, e)
+        raise EngineError(f"The kernel could not take its GPU tensors back after the fork's checkpoint: {e}. "
+                          "No fork was made; the kernel runs, without those tensors.",
+                          f"They are kept in {offload_to}: free GPU memory, then suspend and resume the kernel to "
+                          "take them back.") from e
+
+
+def _link_all(folder: Path, links: Path) -> None:
+    """Hard links to each file of ``folder`` in the new folder ``links``."""
+    make_private_dir(links)
+    for f in folder.iterdir():
+        os.link(f, links / f.name)
