@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 # Regular files there are the kernel's views, not data (/dev/shm holds data: a store or a log there is copied).
 _NOT_FILES = ("/proc/", "/sys/")
 _REG_POS = 3  # regfile.proto: the file position
+#: CRIU's log of a copy whose restore failed, beside the source (the copy's own folder is removed).
+FAILED_LOG = "fork-failed.log"
 
 
 def fork_names(source: str, count: int, names: Sequence[str] | None) -> list[str]:
@@ -96,11 +98,12 @@ def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | Non
                 outcomes.append(f.result())
             except BaseException as e:  # noqa: BLE001 - every fork is waited for before any is undone
                 outcomes.append(e)
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    failed = [(new, o) for new, o in zip(wanted, outcomes) if isinstance(o, BaseException)]
     if failed:
+        error = _said_of_the_fork(cp, name, *failed[0])
         for new in wanted:
             _undo(cp, new)
-        raise failed[0]
+        raise error
     return cast("list[Running]", outcomes)
 
 
@@ -193,6 +196,22 @@ def inherit_args(images: Path, files: dict[str, str], first_fd: int) -> tuple[li
         criu.append(f"--inherit-fd=fd[{fd}]:{orig.lstrip('/')}")
         holder.append(f"--inherit-file={fd}:{flags & (os.O_ACCMODE | os.O_APPEND)}:{pos}:{copy}")
     return criu, holder
+
+
+def _said_of_the_fork(cp: Checkpointer, source: str, new: str, error: BaseException) -> BaseException:
+    """A copy's failed restore, said of the fork: the copy's folder goes, so CRIU's log of it is
+    kept beside the source (``fork-failed.log``)."""
+    if not isinstance(error, GPUCRError):
+        return error
+    log = cp.store.proc_dir(new) / "restore" / "restore.log"
+    if log.is_file():
+        kept = cp.store.proc_dir(source) / FAILED_LOG
+        shutil.copyfile(log, kept)
+        error.hint = error.hint.replace(str(log), str(kept))
+    error.message = f"A copy of {source!r} could not be made: {error.message}"
+    error.hint = error.hint.replace(" The checkpoint is kept; you can retry.", "") + \
+        f" No copy was made; {source!r} is as it was."
+    return error
 
 
 def _undo(cp: Checkpointer, new: str) -> None:

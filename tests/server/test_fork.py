@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 
+import psutil
 import pytest
+from tornado.httpclient import HTTPClientError
 
 from tests.kernel_ws import collect, execute, request, send
 from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
@@ -106,3 +109,26 @@ async def test_fork_a_suspended_kernel(jp_fetch, jp_ws_fetch, jp_serverapp):
     (fork,) = [k["id"] for k in made["kernels"]]
     assert await _run(jp_ws_fetch, fork, "print(x)") == "kept"
     assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
+
+
+async def test_a_fork_that_fails_leaves_the_source_running(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """A port bound to a host address (not loopback) cannot be restored in a copy's namespace."""
+    host = next((a.address for name, addrs in psutil.net_if_addrs().items() if name != "lo"
+                 for a in addrs if a.family == socket.AF_INET), None)
+    if host is None:
+        pytest.skip("needs an IPv4 address besides loopback")
+    kid = (await new_session(jp_fetch, "bound.ipynb"))["kernel"]["id"]
+    await _run(jp_ws_fetch, kid, f"x = 'kept'\nimport socket\nsrv = socket.socket()\nsrv.bind(({host!r}, 0))\nsrv.listen()")
+    before = {k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")}
+    with pytest.raises(HTTPClientError) as failed:
+        await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={"count": 2})
+    error = json.loads(failed.value.response.body)
+    assert "could not be made" in error["message"] and "Cannot assign requested address" in error["message"], error
+    assert "No copy was made" in error["hint"], error
+    store = jp_serverapp.kernel_manager.suspender.store
+    log = store.proc_dir(kid) / "fork-failed.log"  # the copy's folder is gone; CRIU's log of it is kept
+    assert str(log) in error["hint"] and "Cannot assign requested address" in log.read_text(), error
+    assert await _run(jp_ws_fetch, kid, "print(x)") == "kept"
+    assert {k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")} == before
+    assert not store.list_checkpoints(kid)
+    assert "fork-tensors" not in {p.name for p in store.proc_dir(kid).iterdir()}
