@@ -121,7 +121,8 @@ class Checkpointer:
         self.restore_check = restore_check
         #: Entered with (name, checkpoint id, images folder) while CRIU writes the images: an
         #: upload to object storage that starts at once (``streamup``); its exit learns whether
-        #: the dump succeeded.
+        #: the dump succeeded. Not for a dump that leaves the process running (a fork's): that one
+        #: is never uploaded.
         self.beside_dump: Callable[[str, str, Path], AbstractContextManager[Any]] | None = None
         self._criu: Criu | None = None
 
@@ -284,7 +285,8 @@ class Checkpointer:
                 before_dump()
                 timings["before_dump"] = time.perf_counter() - t1
             progress("dumping", 0, estimate)
-            beside = self.beside_dump(name, cid, tmp / "images") if self.beside_dump else contextlib.nullcontext()
+            beside = self.beside_dump(name, cid, tmp / "images") if self.beside_dump and not leave_running \
+                else contextlib.nullcontext()
             with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests, beside:
                 timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running,
                                             leave_stopped=not leave_running,

@@ -121,6 +121,8 @@ def test_images_upload_while_criu_writes_them(criu_path, s3, tmp_path):
     a.beside_dump = follow
     a.run("agent", agent_command("cpu_agent.py", "160"))
     hello = wait_for_line(node_a.proc_dir("agent") / "stdout.log")
+    a.checkpoint("agent", leave_running=True, reason="fork")
+    assert not streams  # a fork's checkpoint is never uploaded: nothing goes out while it is written
     ckpt = a.checkpoint("agent")
     moved = upload(remote, node_a, ckpt, streamed=streams[ckpt.id])
     images = sum(int(f["size"]) for f in ckpt.manifest["files"].values())
