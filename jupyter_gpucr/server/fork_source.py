@@ -11,7 +11,8 @@ the tensors back from links of its own to those files.
 That checkpoint is useless without the files, which are deleted once the forks hold their tensors:
 it is deleted with them (:meth:`SourceCheckpoint.discard`). When the source cannot take its
 tensors back, it keeps running without them and the error says how to get them back: they stay
-in the folder a suspend would have left them in, which its next resume refills from.
+in the folder a suspend would have left them in (``gpucr_hooks.reload_tensors`` refills from it,
+as does the kernel's next resume).
 """
 from __future__ import annotations
 
@@ -139,8 +140,8 @@ async def _tensors_back(service: Any, kernel_id: str, km: Any, offload_to: Path)
                           kernel_id, e)
         raise EngineError(f"The kernel could not take its GPU tensors back after the fork's checkpoint: {e}. "
                           "No fork was made; the kernel runs, without those tensors.",
-                          f"They are kept in {offload_to}: free GPU memory, then suspend and resume the kernel to "
-                          "take them back.") from e
+                          f"They are kept in {offload_to}: free GPU memory, then run 'import gpucr_hooks; "
+                          "gpucr_hooks.reload_tensors()' in the kernel to take them back.") from e
 
 
 def _link_all(folder: Path, links: Path) -> None:
