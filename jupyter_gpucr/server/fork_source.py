@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import EngineError, StateError
+from ..core.errors import EngineError, NotFoundError, StateError
 from ..core.store import Checkpoint, make_private_dir
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR
@@ -51,7 +51,7 @@ class SourceCheckpoint:
         anything without the other."""
         if self.tensors is not None:
             shutil.rmtree(self.tensors, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(NotFoundError):
             service.store.delete(self.checkpoint.id)
 
 
@@ -85,7 +85,7 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any) -> SourceChe
     except BaseException:
         shutil.rmtree(kept, ignore_errors=True)
         if ckpt is not None:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(NotFoundError):
                 store.delete(ckpt.id)
         raise
     assert ckpt is not None  # else the checkpoint raised
