@@ -256,6 +256,11 @@ class Checkpoint:
     def images(self) -> Path:
         return self.path / "images"
 
+    @property
+    def kind(self) -> str:
+        """"gpu" when the process used a GPU when it was checkpointed, else "cpu"."""
+        return "gpu" if self.manifest.get("gpu", {}).get("used") else "cpu"
+
     def verify(self, payload: str, contents: bool = True) -> None:
         """Refuse a damaged checkpoint (it stays on disk); ``contents=False`` checks only that every
         file is there with its size, the part that takes no time."""

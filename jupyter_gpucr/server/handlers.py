@@ -146,14 +146,14 @@ class TrashHandler(GPUCRHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(json.dumps(self.service.list_trash()))
+        self.finish(json.dumps(self.service.trash.contents()))
 
 
 class TrashItemHandler(GPUCRHandler):
     @web.authenticated
     @authorized(action="write")
     async def delete(self, trash_id: str) -> None:
-        self.service.delete_trash(trash_id)
+        self.service.trash.delete(trash_id)
         self.set_status(204)
         self.finish()
 

@@ -1,10 +1,11 @@
 """The server's suspend/resume service: moves kernels through their lifecycle.
 
-It asks the kernel to trim itself and saves the replies a suspended kernel answers from disk,
-holds the clients' messages while the kernel is frozen, runs one of the engines, keeps one
-operation per kernel at a time (a shutdown waits for a running suspend), moves the checkpoints
-of kernels that are shut down or restarted while on disk to the trash, and lists kernels that
-an earlier server left on disk (or running) again at start.
+A suspend holds the clients' messages, has the kernel prepare itself (``preparation.py``), runs
+one of the engines and leaves the connections answering from disk; a resume makes room
+(``room.py``), runs the engine back and reconnects. One operation per kernel runs at a time (a
+shutdown waits for a running suspend). What else happens to kernels on disk has a module of its
+own: the trash (``trash.py``), listing them again at start (``relist.py``), reading them ahead
+when a client opens one (``prefetch.py``) and object storage (``remote.py``).
 """
 from __future__ import annotations
 
@@ -14,32 +15,32 @@ import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Coroutine
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
 from jupyter_core.utils import ensure_async
 
-from ..core import gpus, pagecache
+from ..core import gpus
 from ..core.backend import CheckpointBackend
-from ..core.errors import CheckpointDamagedError, EngineError, GPUCRError, NotFoundError, StateError
+from ..core.errors import EngineError, GPUCRError, NotFoundError, StateError
 from ..core.objectstore import ObjectStore
-from ..core.procs import is_alive, tree
-from ..core.store import Checkpoint, Store, read_json, write_json_atomic
+from ..core.procs import tree
+from ..core.store import Checkpoint, Store
 from ..core.writeback import WritebackWhileWriting
-from . import kernel_rpc, portable
+from . import portable, preparation
 from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
 from .dormant import Saved
 from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .kernels import Kernels
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, UPLOADING, KernelLifecycle, KernelState
-from .provisioner import GPUCRProvisioner
+from .prefetch import Prefetcher
+from .preparation import SavedReplies
+from .relist import Relister, latest
 from .remote import RemoteKernels, local_root, remote_url
 from .room import RoomMaker
+from .trash import Trash
 
-#: A kernel's record beside its process files (procs/KERNEL_ID/), for listing it after a crash.
-KERNEL_RECORD = "kernel.json"
 #: How long a suspend waits for requests the kernel already received to finish.
 REPLY_GRACE_S = 2.0
 
@@ -53,16 +54,6 @@ class KernelBusyError(StateError):
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "options": self.options}
-
-
-class KernelReplacedError(StateError):
-    """A trashed kernel's id is taken by the fresh kernel its restart started. Restoring shuts
-    that one down (``replace``), which only the user can decide."""
-
-    def __init__(self, notebook_path: str | None) -> None:
-        what = os.path.basename(notebook_path) if notebook_path else "This kernel"
-        super().__init__(f"{what} was restarted after its state was saved: a new kernel runs in its place.",
-                         "Restore with {\"replace\": true} to shut the new kernel down and bring the saved one back.")
 
 
 class KernelSuspender:
@@ -80,19 +71,21 @@ class KernelSuspender:
                                                                   config.max_store_bytes or _half_of_disk(store))
         self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer, self.backend),
                                                                        SnapshotEngine(self.checkpointer))}
-        self._saved: dict[str, dict[str, Any]] = {}
+        self.saved = SavedReplies(store)
         self._locks: dict[str, asyncio.Lock] = {}
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._prefetched: dict[str, str] = {}  # kernel id -> the checkpoint id read into the page cache
-        self.stopping = False
+        self.stopping = False  # the server stops: kernels it shuts down stay on disk, listed at the next start
         self.room = RoomMaker(self, lifecycle.event_logger)  # suspends idle kernels for one that needs their memory
         url = remote_url(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
         self.remote = RemoteKernels(ObjectStore(url, config.store_options), store, lifecycle, log, config.keep_last,
                                     config.lease_timeout_s) if url else None
         if self.remote:
             self.remote.stream_from(self.checkpointer)
+        self.prefetcher = Prefetcher(store, config, log)
+        self.trash = Trash(config, self.checkpointer, kernel_manager, lifecycle, self.remote, log)
+        self.relister = Relister(self.checkpointer, kernel_manager, lifecycle, self.saved, self.remote, log)
 
     @property
     def store(self) -> Store:
@@ -134,8 +127,7 @@ class KernelSuspender:
 
     def saved_for(self, kernel_id: str) -> Saved:
         """What the kernel said at suspend time, for a dormant connection to answer from."""
-        history = self.store.proc_dir(kernel_id) / "history.sqlite"
-        return Saved(self._saved.get(kernel_id, {}), history if history.exists() else None)
+        return self.saved.of(kernel_id)
 
     def _gpu_of(self, kernel_id: str) -> dict[str, Any] | None:
         pid = getattr(self.kernel_manager.get_kernel(kernel_id).provisioner, "kernel_pid", None)
@@ -199,7 +191,7 @@ class KernelSuspender:
         offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_DIR if engine.name == "criu" else None
         try:
             async with self.kernel_manager.suspending(kernel_id, km.execution_state) as kernel, \
-                    self._tensors_back_on_failure(kernel_id, km):
+                    preparation.tensors_back_on_failure(self.store, kernel_id, km, self.log):
                 if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
                     raise await self._busy_error(kernel_id)
                 carried = None
@@ -207,18 +199,20 @@ class KernelSuspender:
                     self._progress(kernel_id)("saving-variables", 0, 0)
                     carried = await portable.save(km, self.store, kernel_id)
                 with WritebackWhileWriting(offload_to) if offload_to else contextlib.nullcontext():  # the disk starts at once
-                    saved, trim = await self._prepare_kernel(km, trim=engine.name == "criu", offload_to=offload_to)
+                    saved, trim = await preparation.prepare(km, self.options, self.log, trim=engine.name == "criu",
+                                                            offload_to=offload_to)
                 if not await km.is_alive():
                     raise StateError(f"{await self._display_name(kernel_id)} exited while it was being suspended.",
                                      "Restart the kernel.")
-                self._saved[kernel_id] = saved
-                extra = {"kernel": await self._kernel_record(kernel_id, km, saved), "engine_reason": why,
+                self.saved.keep(kernel_id, saved)
+                record = preparation.kernel_record(kernel_id, km, saved, await self.kernel_manager.sessions_of(kernel_id))
+                extra = {"kernel": record, "engine_reason": why,
                          "offload": (trim or {}).get("offload"), "portable": carried}
                 ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), kernel.detach)
                 st = self.lifecycle.transition(  # before the connections settle: they answer from disk
                     kernel_id, UPLOADING if self.remote else SUSPENDED, "uploading" if self.remote else "done",
                     suspended_at=time.time(), checkpoint=ckpt.summary(), gpu=None,
-                    kind=_kind(ckpt), lost=ckpt.manifest.get("snapshot", {}).get("lost", []), trim=trim,
+                    kind=ckpt.kind, lost=ckpt.manifest.get("snapshot", {}).get("lost", []), trim=trim,
                     timings=ckpt.manifest.get("timings", {}), warnings=[])
         except BaseException as e:
             err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
@@ -245,23 +239,6 @@ class KernelSuspender:
         if await self._busy_after(km, 1.0):
             raise await self._busy_error(kernel_id)
         return km
-
-    @contextlib.asynccontextmanager
-    async def _tensors_back_on_failure(self, kernel_id: str, km: Any) -> AsyncIterator[None]:
-        """A suspend that fails leaves the kernel running: it takes back the GPU tensors it had
-        offloaded for it (before the server reconnects and delivers the held messages)."""
-        try:
-            yield
-        except BaseException:
-            if (self.store.proc_dir(kernel_id) / OFFLOAD_DIR).exists():
-                try:
-                    report = await kernel_rpc.with_client(km, kernel_rpc.reload)
-                    self.log.info("gpucr: kernel %s took its GPU tensors back after a failed suspend (%d MiB)", kernel_id,
-                                  report.get("bytes", 0) >> 20)
-                except Exception as e:
-                    self.log.error("gpucr: kernel %s could not take its GPU tensors back after a failed suspend: %s",
-                                   kernel_id, e)
-            raise
 
     async def _busy_after(self, km: Any, seconds: float) -> bool:
         """Whether the kernel is still busy after ``seconds`` (a completion request passes)."""
@@ -315,46 +292,9 @@ class KernelSuspender:
             return None
         return self.lifecycle.transition(kernel_id, RUNNING, "cancelled")
 
-    async def _prepare_kernel(self, km: Any, trim: bool, offload_to: Path | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """Save the replies a suspended kernel answers from disk, have it trim itself and move
-        its GPU tensors out. None of these may block a suspend (the driver checkpoint takes
-        whatever stays on the GPU), so failures only log."""
-        client = km.client()
-        client.start_channels()
-        saved: dict[str, Any] = {}
-        report: dict[str, Any] | None = None
-        try:
-            saved = await kernel_rpc.saved_replies(client)
-            if trim and self.options.trim_before_suspend:
-                report = await kernel_rpc.prepare_suspend(client, timeout=60)
-            if offload_to is not None and self.options.offload_gpu_tensors:
-                moved = await kernel_rpc.offload(client, offload_to, collect=report is None)
-                report = {**(report or {}), "offload": moved}
-        except Exception as e:
-            self.log.warning("gpucr: kernel did not answer before the suspend: %s", e)
-        finally:
-            client.stop_channels()
-        return saved, report
-
     def remember(self, kernel_id: str, km: Any) -> None:
-        """Write down, beside a checkpointable kernel's process files, what a later server needs
-        to list it again should this one die before the kernel was ever suspended."""
-        if not isinstance(km.provisioner, GPUCRProvisioner):
-            return
-        write_json_atomic(self.store.proc_dir(kernel_id) / KERNEL_RECORD, {
-            "kernel_id": kernel_id, "kernel_name": km.kernel_name, "connection_info": _jsonable(km.get_connection_info()),
-            "cwd": str(getattr(km.provisioner, "cwd", "") or ""), "sessions": []})
-
-    async def _kernel_record(self, kernel_id: str, km: Any, saved: dict[str, Any]) -> dict[str, Any]:
-        """What a later server needs to list the kernel again and answer for it."""
-        sessions = await self.kernel_manager.sessions_of(kernel_id)
-        return {
-            "kernel_id": kernel_id, "kernel_name": km.kernel_name, "connection_info": _jsonable(km.get_connection_info()),
-            "kernel_info": saved.get("kernel_info"), "saved_replies": saved, "sessions": sessions,
-            "cwd": str(getattr(km.provisioner, "cwd", "") or ""),
-            "notebook_path": sessions[0]["path"] if sessions else None,
-            "last_activity": km.last_activity.isoformat() if getattr(km, "last_activity", None) else None,
-        }
+        """A kernel started: write down what a later server lists it again from (``preparation.remember``)."""
+        preparation.remember(self.store, kernel_id, km)
 
     def _progress(self, kernel_id: str) -> Any:
         loop = asyncio.get_running_loop()
@@ -396,7 +336,7 @@ class KernelSuspender:
             try:
                 if self.remote:  # claimed for this node, downloaded if another node made it
                     took_over = await self.remote.fetch(kernel_id, self._progress(kernel_id))
-                ckpt = self._latest(kernel_id)
+                ckpt = latest(self.store, kernel_id)
                 engine = self.engines[ckpt.manifest.get("engine", "criu")]
                 instead = await asyncio.to_thread(portable.instead, self.checkpointer, ckpt)
                 if instead is not None:  # the image cannot run on this node: its saved variables can
@@ -442,7 +382,7 @@ class KernelSuspender:
                        "engine_other": returned - started - resumed.timings.get("total", 0.0)}
             st = self.lifecycle.transition(
                 kernel_id, RUNNING, "done", restored_at=now, suspended_for=now - suspended_at, lost=resumed.lost,
-                warnings=resumed.warnings, timings=timings, gpu=gpu_now, kind="gpu" if gpu_now else _kind(ckpt),
+                warnings=resumed.warnings, timings=timings, gpu=gpu_now, kind="gpu" if gpu_now else ckpt.kind,
                 engine=engine.name, engine_reason=ckpt.manifest.get("engine_reason"))
             self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
             if not settled.done():
@@ -480,113 +420,39 @@ class KernelSuspender:
         self.kernel_manager.settle_connections(kernel_id)
 
     def prefetch(self, kernel_id: str) -> None:
-        """A client opened a suspended kernel (its notebook, or a reconnect): read its checkpoint
-        into the page cache in the background, so that a restore that follows reads memory, not
-        disk. Never restores, never fails the client (a damaged checkpoint says so to whatever
-        restores it); once per checkpoint."""
-        try:
-            ckpt = self.store.latest(kernel_id) if self.options.prefetch_on_open else None
-        except Exception as e:  # damaged, or the store unreadable: only the read-ahead is lost
-            self.log.warning("gpucr: the checkpoint of kernel %s was not read ahead: %s", kernel_id, e)
-            return
-        if ckpt is None or self._prefetched.get(kernel_id) == ckpt.id:
-            return
-        self._prefetched[kernel_id] = ckpt.id
-        self._in_background(self._prefetch(kernel_id, ckpt))
-
-    async def _prefetch(self, kernel_id: str, ckpt: Checkpoint) -> None:
-        t0 = time.perf_counter()
-        done = await asyncio.to_thread(pagecache.prefetch, [ckpt.path, self.store.proc_dir(kernel_id) / OFFLOAD_DIR])
-        self.log.info("gpucr: read %d MiB of the checkpoint of kernel %s into the page cache in %.2f s (a client "
-                      "opened it)", done >> 20, kernel_id, time.perf_counter() - t0)
-
-    def _latest(self, kernel_id: str) -> Checkpoint:
-        ckpt = self.store.latest(kernel_id)
-        if ckpt is None:
-            raise CheckpointDamagedError(f"The checkpoint of kernel {kernel_id} is missing from {self.store.root}.",
-                                         "Nothing can be restored; shut the kernel down to start a fresh one.")
-        return ckpt
+        """A client opened a suspended kernel: read its checkpoint ahead (see ``prefetch.py``)."""
+        self.prefetcher.opened(kernel_id)
 
     # -- shutdown, restart and the trash -----------------------------------------------------
     async def shelve(self, kernel_id: str, reason: str) -> None:
         """The user shut down or restarted a kernel that is on disk: keep its checkpoint in
         the trash (not when the server stops: then it stays listed for the next start)."""
-        restored_at = self.lifecycle.get(kernel_id).restored_at
-        path = await self._notebook_path(kernel_id) or self.lifecycle.get(kernel_id).notebook_path
-        self.lifecycle.forget(kernel_id)
-        self._saved.pop(kernel_id, None)
-        self._prefetched.pop(kernel_id, None)
-        if self.stopping:
-            return
-        if self.remote:
-            self.remote.forget_later(kernel_id)
-        trash_id = self.store.trash(kernel_id, reason, {"notebook_path": path})
-        self.log.info("gpucr: the saved state of kernel %s is in the trash as %s for %s h (%s)", kernel_id, trash_id,
-                      self.options.trash_hours, reason)
-        if reason == "restart":  # the fresh kernel's state says so, for whoever looks next
-            self.lifecycle.transition(kernel_id, RUNNING, "done", restored_at=restored_at, notebook_path=path, warnings=[
-                f"Restarted fresh: the variables of the suspended kernel are gone from it; its saved state is in "
-                f"the trash ({trash_id}) for {self.options.trash_hours:g} h."])
+        st = self.lifecycle.get(kernel_id)
+        path = await self._notebook_path(kernel_id) or st.notebook_path
+        self._forget(kernel_id)
+        if not self.stopping:
+            self.trash.shelve(kernel_id, reason, path, st.restored_at)
 
     def discard(self, kernel_id: str) -> None:
         """A running kernel was shut down: its checkpoints are stale, and hold its memory."""
-        self.lifecycle.forget(kernel_id)
-        self._saved.pop(kernel_id, None)
+        self._forget(kernel_id)
         self._locks.pop(kernel_id, None)
-        self._prefetched.pop(kernel_id, None)
-        if self.stopping:
-            return
-        if self.remote:
-            self.remote.forget_later(kernel_id)
-        try:
-            self.checkpointer.remove(kernel_id, kill=False)
-        except NotFoundError:
-            pass
-        except GPUCRError as e:
-            self.log.warning("gpucr: the checkpoints of kernel %s were not removed: %s", kernel_id, e)
+        if not self.stopping:
+            self.trash.discard(kernel_id)
 
-    def list_trash(self) -> list[dict[str, Any]]:
-        self.store.purge_trash(self.options.trash_hours * 3600)
-        return self.store.list_trash(self.options.trash_hours * 3600)
+    def _forget(self, kernel_id: str) -> None:
+        """What this server kept in memory of a kernel that is gone."""
+        self.lifecycle.forget(kernel_id)
+        self.saved.forget(kernel_id)
+        self.prefetcher.forget(kernel_id)
 
     async def restore_from_trash(self, trash_id: str, replace: bool = False, sessions: bool = True) -> KernelState:
-        """List a trashed kernel again, suspended, under its old id.
-
-        After a restart the fresh kernel has that id: ``replace`` shuts it down first (its state
-        is lost, or goes to the trash if it is on disk), else :class:`KernelReplacedError`.
-        ``sessions``: give the kernel its notebook sessions back; a client that connects the
-        notebook it has open itself says False, or that notebook would get a second session."""
-        items = {t["id"]: t for t in self.store.list_trash(self.options.trash_hours * 3600)}
-        item = items.get(trash_id)
-        if item is None:
-            raise NotFoundError(f"Nothing in the trash is called {trash_id!r}.", "List it with GET /api/gpucr/trash.")
-        kernel_id = item.get("kernel_id")
-        if kernel_id and kernel_id in self.kernel_manager:
-            if not replace:
-                raise KernelReplacedError(item.get("notebook_path"))
-            self.log.info("gpucr: shutting down kernel %s, restarted since it went to the trash, to restore %s",
-                          kernel_id, trash_id)
-            await self.kernel_manager.shutdown_kernel(kernel_id)
-            await self._drop_connections(kernel_id)
-        name = self.store.untrash(trash_id)
-        return await self._list_on_disk(name, self._latest(name), sessions=sessions)
-
-    async def _drop_connections(self, kernel_id: str, timeout: float = 2.0) -> None:
-        """Close the websockets of a kernel just shut down under an id that is about to be listed
-        again: jupyter_server leaves them open, connected to the gone process, and a request sent
-        on one would never be answered. Their clients reconnect, to the kernel listed again. Waits
-        (bounded) until they are gone, so that none is counted against the kernel listed again."""
-        for conn in self.kernel_manager.connections_of(kernel_id):
-            handler = getattr(conn, "websocket_handler", None)
-            if handler is not None:
-                handler.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.kernel_manager.connections_of(kernel_id) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-
-    def delete_trash(self, trash_id: str) -> None:
-        self.store.delete_trash(trash_id)
+        """List a trashed kernel again, suspended, under its old id (see ``Trash.take_out`` for
+        ``replace``). ``sessions``: give the kernel its notebook sessions back; a client that
+        connects the notebook it has open itself says False, or that notebook would get a second
+        session."""
+        name = await self.trash.take_out(trash_id, replace)
+        return await self.relister.list_on_disk(name, latest(self.store, name), sessions=sessions)
 
     async def delete_checkpoint(self, checkpoint_id: str) -> None:
         """Delete a checkpoint; the last one of a suspended kernel is that kernel, so deleting
@@ -609,60 +475,8 @@ class KernelSuspender:
 
     # -- server start and stop -----------------------------------------------------------
     async def relist_at_start(self) -> None:
-        """After a clean stop or a crash of an earlier server with this store: finish what it
-        left half done, then list every kernel of it that is on disk (a kernel it left running
-        goes to disk first), so none is lost."""
-        for name, outcome in (await asyncio.to_thread(self.checkpointer.recover_all)).items():
-            self.log.info("gpucr: recovery of %s: %s", name, outcome.message)
-        for name in self.store.proc_names():
-            if name in self.kernel_manager:
-                continue
-            try:
-                await self._relist(name)
-            except GPUCRError as e:
-                self.log.error("gpucr: kernel %s could not be listed again: %s", name, e)
-        if self.remote:  # unfinished uploads, and the kernels suspended into the store elsewhere
-            await self.remote.relist(set(self.kernel_manager.list_kernel_ids()), self._list_on_disk)
-        self.store.collect_garbage(set(self.store.proc_names()))
-
-    async def _relist(self, name: str) -> None:
-        rec = self.store.read_proc(name)
-        ckpt = self.store.latest(name)
-        kernel = (ckpt.manifest.get("kernel") if ckpt else None) or read_json(self.store.proc_dir(name) / KERNEL_RECORD)
-        if not kernel:
-            return  # a `gpucr run` process: not the server's to list
-        if rec.get("state") == "running" and is_alive(rec.get("pid")):
-            ckpt = await self._put_on_disk(name, ckpt, kernel)
-        if ckpt is not None:
-            await self._list_on_disk(name, ckpt)
-
-    async def _put_on_disk(self, name: str, ckpt: Checkpoint | None, kernel: dict[str, Any]) -> Checkpoint:
-        """An earlier server died while this kernel ran: before its first suspend, during or
-        after a restore. It goes to disk now, so this server can list it."""
-        m = ckpt.manifest if ckpt else {"engine": "criu"}
-        if m.get("engine") != "criu" and ckpt is not None:
-            for pid in reversed(tree(cast(int, self.store.read_proc(name)["pid"]))):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 9)
-            self.log.warning("gpucr: kernel %s ran from saved variables when the server died; it is listed with "
-                             "the variables saved at its last suspend", name)
-            return ckpt
-        self.log.warning("gpucr: kernel %s was left running by an earlier server; suspending it to list it again", name)
-        extra = {"kernel": kernel, "engine_reason": m.get("engine_reason") or "whole process, after a server crash"}
-        return await asyncio.to_thread(self.checkpointer.checkpoint, name, False, "recovered", extra)
-
-    async def _list_on_disk(self, name: str, ckpt: Checkpoint, sessions: bool = True) -> KernelState:
-        kernel = ckpt.manifest["kernel"]
-        await self.kernel_manager.list_suspended(kernel if sessions else {**kernel, "sessions": []})
-        self._saved[name] = kernel.get("saved_replies") or {"kernel_info": kernel.get("kernel_info")}
-        rec = self.store.read_proc(name)
-        st = KernelState(name, state=SUSPENDED, kind=_kind(ckpt), engine=ckpt.manifest.get("engine"),
-                         engine_reason=ckpt.manifest.get("engine_reason"), checkpoint=ckpt.summary(),
-                         suspended_at=rec.get("suspended_at") or ckpt.created, notebook_path=kernel.get("notebook_path"),
-                         lost=ckpt.manifest.get("snapshot", {}).get("lost", []))
-        self.lifecycle.adopt(st)
-        self.log.info("gpucr: kernel %s is suspended on disk (%s); it restores on first use", name, ckpt.id)
-        return st
+        """List the kernels an earlier server left on disk or running (see ``relist.py``)."""
+        await self.relister.relist_at_start()
 
     async def suspend_all(self, reason: str = "server-stop") -> dict[str, str]:
         """Suspend every running kernel within the stop budget (uploads included); return failures by kernel id."""
@@ -697,12 +511,3 @@ def _half_of_disk(store: Store) -> int:
     while not root.exists():
         root = root.parent
     return shutil.disk_usage(root).total // 2
-
-
-def _kind(ckpt: Checkpoint) -> str:
-    return "gpu" if ckpt.manifest.get("gpu", {}).get("used") else "cpu"
-
-
-def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in info.items()}
-
