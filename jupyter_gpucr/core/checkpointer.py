@@ -40,6 +40,7 @@ from .errors import (
     PutBackError,
     StateError,
 )
+from .files import dir_size, fsync_trees, make_private_dir, private_files
 from .fork import fork as fork_copies
 from .fork import inherit_args
 from .images import read_image
@@ -48,7 +49,7 @@ from .locks import exclusive
 from .privileges import check_privileges
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
-from .store import Checkpoint, Manifest, ProcRecord, Store, dir_size, fsync_trees, make_private_dir, private_files
+from .store import Checkpoint, Manifest, ProcRecord, Store
 from .upload import relocated_files
 
 Progress = Callable[[str, int, int], None]

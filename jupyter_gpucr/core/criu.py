@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EngineError, PreconditionError
+from .files import private_files
 from .identity import CRIU_RECORD, criu_at_work, spawn_recorded
 from .jsonfile import write_json_atomic
 from .pagefill import FillError, read_varint, varint_fields
@@ -272,8 +273,7 @@ class Criu:
             failure = _locks_exhausted(explain_log(workdir / "dump.log", returncode, stderr))
             hint = failure.hint
             if keep_log is not None and (workdir / "dump.log").exists():
-                try:  # best effort: the disk may be the very thing that is full
-                    from .store import private_files  # (store imports this module) 0600, as all of a checkpoint
+                try:  # best effort: the disk may be the very thing that is full; 0600, as all of a checkpoint
                     private_files(keep_log.parent, keep_log.name)
                     shutil.copyfile(workdir / "dump.log", keep_log)
                     hint = f"{hint} CRIU's log: {keep_log}."

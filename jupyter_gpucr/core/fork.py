@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, cast
 
 from . import gpus, netns
 from .errors import GPUCRError, PreconditionError, StateError
+from .files import make_private_dir, private_files
 from .images import _FE_REG, _FE_TYPE, _REG_FLAGS, _REG_NAME, FD_REG, Image, decode, entries, read_image
 from .procs import is_alive
-from .store import Checkpoint, ProcRecord, make_private_dir, private_files
+from .store import Checkpoint, ProcRecord
 
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer, Running

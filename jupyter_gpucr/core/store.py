@@ -23,8 +23,6 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast
@@ -32,6 +30,7 @@ from typing import Any, TypedDict, cast
 from .checksums import find_mismatches
 from .criu import at_work_in, drop_network_lock, dump_finished
 from .errors import CheckpointDamagedError, NotFoundError, StateError
+from .files import dir_size, fsync_path, fsync_tree, make_private_dir, tighten_permissions
 from .jsonfile import read_json, write_json_atomic
 from .names import validate_name
 from .procs import is_alive
@@ -129,65 +128,6 @@ def default_root() -> Path:
         return Path(env)
     data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(data) / "jupyter-gpucr"
-
-
-def make_private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
-
-
-def tighten_permissions(root: Path) -> None:
-    """Make everything below ``root`` private (CRIU and loggers create files with their own modes)."""
-    os.chmod(root, 0o700)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            os.chmod(os.path.join(dirpath, d), 0o700)
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            if not os.path.islink(p):
-                os.chmod(p, 0o600)
-
-
-def fsync_path(path: Path | str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """Put every file below ``root`` on disk, then the directories naming them, so that a rename
-    published afterwards never points at images a power loss could still take away. The files
-    are flushed in parallel: one at a time leaves the disk's queue mostly empty."""
-    walked = list(os.walk(root, topdown=False))
-    files = [p for dirpath, _d, names in walked for p in (os.path.join(dirpath, f) for f in names) if not os.path.islink(p)]
-    with ThreadPoolExecutor(max(1, min(len(files), 16))) as pool:
-        list(pool.map(fsync_path, files))
-    for dirpath, _d, _names in walked:  # deepest first
-        fsync_path(dirpath)
-
-
-def fsync_trees(roots: Iterable[Path]) -> None:
-    """:func:`fsync_tree` on each of ``roots`` that exists (folders a checkpoint needs beside
-    its images, which a process may not have written)."""
-    for root in roots:
-        if root.exists():
-            fsync_tree(root)
-
-
-def private_files(directory: Path, *names: str) -> None:
-    """Create (or make) these files 0600 before a process opens them: its output and databases
-    hold its data, and CRIU checks their modes at restore, so they must never change later."""
-    for name in names:
-        path = directory / name
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-        os.chmod(path, 0o600)
-
-
-def dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def new_id(name: str) -> str:

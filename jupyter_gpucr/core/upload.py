@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from .errors import CheckpointDamagedError, StateError
+from .files import make_private_dir, tighten_permissions
 from .images import read_image
 from .jsonfile import read_json, write_json_atomic
 from .objectstore import ObjectStore, ObjectStoreError
-from .store import Checkpoint, ProcRecord, Store, make_private_dir, read_manifest, tighten_permissions
+from .store import Checkpoint, ProcRecord, Store, read_manifest
 from .streamup import StreamingUpload
 
 MARKER = "upload.json"

@@ -32,11 +32,12 @@ from .._version import __version__
 from ..core.checkpointer import Checkpointer, Running
 from ..core.criu import NETWORK_LOCKS_MAX, find_criu
 from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, PreconditionError, StateError
+from ..core.files import make_private_dir
 from ..core.identity import ProcId
 from ..core.launcher import HolderRecord, clean_env
 from ..core.names import validate_name
 from ..core.procs import is_alive, tree, wait_gone
-from ..core.store import ProcRecord, Store, make_private_dir, write_json_atomic
+from ..core.store import ProcRecord, Store, write_json_atomic
 from .caller import caller_of, cgroup_of, move_tree
 from .guard import Owner, RestoreGuard, deleted_files
 from .heldports import give_to_owner, lent_to_root, listening_ports

@@ -25,7 +25,8 @@ from tornado import web
 from ..core import netns
 from ..core.checkpointer import Checkpointer, Running
 from ..core.errors import EngineError, NotFoundError, PreconditionError, StateError
-from ..core.store import Checkpoint, make_private_dir
+from ..core.files import make_private_dir
+from ..core.store import Checkpoint
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR, _offloaded_by_gpu
 from .fork_source import checkpoint_running

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import EngineError, NotFoundError, StateError
-from ..core.store import Checkpoint, make_private_dir
+from ..core.files import make_private_dir
+from ..core.store import Checkpoint
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR
 

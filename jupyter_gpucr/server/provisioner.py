@@ -20,9 +20,9 @@ from jupyter_client.provisioning import LocalProvisioner
 
 from ..core.backend import CheckpointBackend
 from ..core.checkpointer import Checkpointer
+from ..core.files import private_files
 from ..core.launcher import ExitedAtStart, Started
 from ..core.procs import is_alive, namespace_init
-from ..core.store import private_files
 
 # What poll() reports for a kernel that exited while processes it left still run in its namespace.
 KERNEL_GONE = 1
