@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .checkpointer import Running
 from .recovery import Recovery
+from .running import Running
 from .store import Checkpoint, Store
 
 Progress = Callable[[str, int, int], None]

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -49,6 +48,7 @@ from .locks import exclusive
 from .privileges import check_privileges
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
+from .running import Running
 from .store import Checkpoint, Manifest, ProcRecord, Store
 from .upload import relocated_files
 
@@ -80,18 +80,6 @@ class RestoreCheck(Protocol):
     def approve(self, images: Path, workdir: Path) -> list[str]: ...
 
     def refused(self, workdir: Path) -> GPUCRError | None: ...
-
-
-@dataclass
-class Running:
-    """A process gpucr started or restored, and how to reach it."""
-
-    name: str
-    pid: int
-    ns_pid: int
-    started: Started | None
-    record: ProcRecord
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class Checkpointer:
@@ -159,13 +147,9 @@ class Checkpointer:
 
     # -- start ---------------------------------------------------------------------------
     def run(self, name: str, command: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
-            detach: bool = True, group: str | None = None) -> Running:
-        """Start ``command`` in its own namespaces, output to log files in the store. With ``group``:
-        as member ``name`` of that session, which is checkpointed and restored as one (``group.join``)."""
-        if group is not None:
-            from .group import join  # it imports the waker, which imports this module
-
-            return join(self, group, name, command, cwd, env)
+            detach: bool = True) -> Running:
+        """Start ``command`` in its own namespaces, output to log files in the store (as a member
+        of a session: ``group.join``)."""
         if not command:
             raise StateError("No command given.", "Usage: gpucr run --name NAME -- CMD ARGS...")
         d = self.store.proc_dir(name)

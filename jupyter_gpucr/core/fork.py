@@ -40,17 +40,32 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from . import gpus, netns
 from .errors import GPUCRError, PreconditionError, StateError
 from .files import make_private_dir, private_files
 from .images import _FE_REG, _FE_TYPE, _REG_FLAGS, _REG_NAME, FD_REG, Image, decode, entries, read_image
 from .procs import is_alive
-from .store import Checkpoint, ProcRecord
+from .running import Running
+from .store import Checkpoint, ProcRecord, Store
 
-if TYPE_CHECKING:
-    from .checkpointer import Checkpointer, Running
+
+class Copier(Protocol):
+    """What a fork needs of the checkpointer that makes it (:class:`~.checkpointer.Checkpointer`,
+    which calls this module: it is not imported here)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual") -> Checkpoint: ...
+
+    def restore(self, name: str, *, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
+                detach: bool = True, gpu_bytes_beside: Mapping[str, int] | None = None,
+                files: Mapping[str, str] | None = None) -> Running: ...
+
+    def remove(self, target: str, kill: bool = False) -> list[str]: ...
+
 
 # Regular files there are the kernel's views, not data (/dev/shm holds data: a store or a log there is copied).
 _NOT_FILES = ("/proc/", "/sys/")
@@ -68,7 +83,7 @@ def fork_names(source: str, count: int, names: Sequence[str] | None) -> list[str
     return [f"{source}-fork-{i}" for i in range(1, count + 1)]
 
 
-def fork(cp: Checkpointer, name: str, count: int = 1, names: Sequence[str] | None = None,
+def fork(cp: Copier, name: str, count: int = 1, names: Sequence[str] | None = None,
          gpu: str | int | None = "auto", detach: bool = True, beside: Mapping[str, int] | None = None,
          checkpoint_id: str | None = None) -> list[Running]:
     """See the module docstring. All forks are made or none: a failure stops those already made
@@ -128,7 +143,7 @@ def gpu_targets(used: list[dict], all_old: list[str], spec: str | int | None, av
     return targets
 
 
-def _source_checkpoint(cp: Checkpointer, name: str, rec: ProcRecord) -> Checkpoint:
+def _source_checkpoint(cp: Copier, name: str, rec: ProcRecord) -> Checkpoint:
     """A checkpoint of the running source that leaves it running, or the one it is suspended in."""
     if rec.get("state") == "running" and is_alive(rec.get("pid")):
         return cp.checkpoint(name, leave_running=True, reason="fork")
@@ -139,7 +154,7 @@ def _source_checkpoint(cp: Checkpointer, name: str, rec: ProcRecord) -> Checkpoi
     return ckpt
 
 
-def _make(cp: Checkpointer, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Image,
+def _make(cp: Copier, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Image,
           routes: list[netns.Route], new: str, gpu: str | int | None, detach: bool, beside: Mapping[str, int]) -> Running:
     d = cp.store.proc_dir(new)
     files = _copy_written_files(image, cp.store.proc_dir(source), d)
@@ -199,7 +214,7 @@ def inherit_args(images: Path, files: dict[str, str], first_fd: int) -> tuple[li
     return criu, holder
 
 
-def _said_of_the_fork(cp: Checkpointer, source: str, new: str, error: BaseException) -> BaseException:
+def _said_of_the_fork(cp: Copier, source: str, new: str, error: BaseException) -> BaseException:
     """A copy's failed restore, said of the fork: the copy's folder goes, so CRIU's log of it is
     kept beside the source (``fork-failed.log``)."""
     if not isinstance(error, GPUCRError):
@@ -215,7 +230,7 @@ def _said_of_the_fork(cp: Checkpointer, source: str, new: str, error: BaseExcept
     return error
 
 
-def _undo(cp: Checkpointer, new: str) -> None:
+def _undo(cp: Copier, new: str) -> None:
     """Stop and forget a fork this call made."""
     if not cp.store.has_proc(new):
         return

@@ -15,20 +15,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from .activation import WakeOn
+from .checkpointer import Checkpointer
 from .errors import EngineError, GPUCRError, StateError
 from .groupleader import READY
 from .jsonfile import read_json, write_json_atomic
 from .locks import exclusive
 from .names import validate_name
 from .procs import find_descendant_by_ns_pid, is_alive, wait_gone
+from .running import Running
 from .store import ProcRecord
 from .waker import read_status, start_waker
-
-if TYPE_CHECKING:  # the checkpointer imports this module
-    from .checkpointer import Checkpointer, Running
 
 LEADER = Path(__file__).with_name("groupleader.py")
 ANSWER_WAIT = 30.0
@@ -42,8 +41,6 @@ def join(cr: Checkpointer, group: str, name: str, command: list[str], cwd: str |
          env: dict[str, str] | None = None, wake_on: list[WakeOn] | None = None, idle_timeout: float | None = None) -> Running:
     """Start ``command`` as member ``name`` of ``group`` (started first when it does not run);
     ``wake_on``: the session is paused after ``idle_timeout`` and woken on these addresses too."""
-    from .checkpointer import Running
-
     validate_name(name, "member name")
     if not command:
         raise StateError("No command given.", "Usage: gpucr run --group SESSION --name NAME -- CMD ARGS...")
