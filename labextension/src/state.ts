@@ -42,11 +42,19 @@ export function emptyState(
   };
 }
 
-/** States in which an operation is in flight (the UI polls fast). */
+/**
+ * States in which an operation is in flight (the UI polls fast): moving to
+ * disk or back, waiting for room before a restore, uploading to the store.
+ */
 export function isTransient(
   state: KernelStateName | null | undefined
 ): boolean {
-  return state === 'suspending' || state === 'restoring';
+  return (
+    state === 'suspending' ||
+    state === 'restoring' ||
+    state === 'waiting-for-room' ||
+    state === 'uploading'
+  );
 }
 
 /** Whether a kernel in this state can be suspended. */
@@ -61,7 +69,11 @@ export function canResume(state: IKernelState | null | undefined): boolean {
 
 /** Whether a kernel's saved state goes to the trash when it is shut down. */
 export function isOnDisk(state: IKernelState | null | undefined): boolean {
-  return state?.state === 'suspended' || state?.state === 'suspending';
+  return (
+    state?.state === 'suspended' ||
+    state?.state === 'suspending' ||
+    state?.state === 'uploading'
+  );
 }
 
 /**
@@ -108,6 +120,12 @@ export function mergeEvent(
   }
   if (event.lost !== undefined) {
     next.lost = event.lost;
+  }
+  if (event.room !== undefined) {
+    next.room = event.room;
+  }
+  if (event.made_room_for !== undefined) {
+    next.made_room_for = event.made_room_for;
   }
   if (event.error) {
     next.error = event.error;
