@@ -32,6 +32,7 @@ pinned to one: its copies are restored one after another, each placed beside the
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -69,6 +70,8 @@ class Copier(Protocol):
 
 # Regular files there are the kernel's views, not data (/dev/shm holds data: a store or a log there is copied).
 _NOT_FILES = ("/proc/", "/sys/")
+#: Under a source's folder: the copies of its written files kept at a fork's checkpoint, by checkpoint id.
+KEPT_FILES = "fork-files"
 _REG_POS = 3  # regfile.proto: the file position
 #: CRIU's log of a copy whose restore failed, beside the source (the copy's own folder is removed).
 FAILED_LOG = "fork-failed.log"
@@ -105,15 +108,18 @@ def fork(cp: Copier, name: str, count: int = 1, names: Sequence[str] | None = No
             for u in ckpt.manifest.get("gpu", {}).get("used", [])]
     targets = gpu_targets(used, ckpt.manifest.get("gpu", {}).get("all", []), gpu, gpus.list_gpus(), len(wanted)) \
         if len(used) == 1 else [gpu] * len(wanted)
-    with ThreadPoolExecutor(len(wanted) if len(used) <= 1 else 1, thread_name_prefix="gpucr-fork") as pool:
-        futures = [pool.submit(_make, cp, name, rec, ckpt, image, routes, new, target, detach, beside)
-                   for new, target in zip(wanted, targets)]
-        outcomes: list[Running | BaseException] = []
-        for f in futures:
-            try:
-                outcomes.append(f.result())
-            except BaseException as e:  # noqa: BLE001 - every fork is waited for before any is undone
-                outcomes.append(e)
+    outcomes: list[Running | BaseException] = []
+    try:
+        with ThreadPoolExecutor(len(wanted) if len(used) <= 1 else 1, thread_name_prefix="gpucr-fork") as pool:
+            futures = [pool.submit(_make, cp, name, rec, ckpt, image, routes, new, target, detach, beside)
+                       for new, target in zip(wanted, targets)]
+            for f in futures:
+                try:
+                    outcomes.append(f.result())
+                except BaseException as e:  # noqa: BLE001 - every fork is waited for before any is undone
+                    outcomes.append(e)
+    finally:
+        shutil.rmtree(_kept_dir(cp.store.proc_dir(name), ckpt), ignore_errors=True)
     failed = [(new, o) for new, o in zip(wanted, outcomes) if isinstance(o, BaseException)]
     if failed:
         error = _said_of_the_fork(cp, name, *failed[0])
@@ -146,7 +152,9 @@ def gpu_targets(used: list[dict], all_old: list[str], spec: str | int | None, av
 def _source_checkpoint(cp: Copier, name: str, rec: ProcRecord) -> Checkpoint:
     """A checkpoint of the running source that leaves it running, or the one it is suspended in."""
     if rec.get("state") == "running" and is_alive(rec.get("pid")):
-        return cp.checkpoint(name, leave_running=True, reason="fork")
+        made = cp.checkpoint(name, leave_running=True, reason="fork")
+        keep_written_files(made, cp.store.proc_dir(name))
+        return made
     ckpt = cp.store.latest(name)
     if ckpt is None:
         raise StateError(f"{name!r} is neither running nor checkpointed: there is nothing to fork.",
@@ -157,7 +165,7 @@ def _source_checkpoint(cp: Copier, name: str, rec: ProcRecord) -> Checkpoint:
 def _make(cp: Copier, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Image,
           routes: list[netns.Route], new: str, gpu: str | int | None, detach: bool, beside: Mapping[str, int]) -> Running:
     d = cp.store.proc_dir(new)
-    files = _copy_written_files(image, cp.store.proc_dir(source), d)
+    files = _copy_written_files(image, cp.store.proc_dir(source), d, _kept_dir(cp.store.proc_dir(source), ckpt))
     record: ProcRecord = {
         "name": new, "command": rec.get("command"), "cwd": rec.get("cwd"), "created": time.time(),
         "state": "checkpointed", "pid": None, "ns_pid": rec.get("ns_pid"), "checkpoint": None,
@@ -168,25 +176,56 @@ def _make(cp: Copier, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Ima
     return cp.restore(new, gpu=gpu, checkpoint_id=ckpt.id, detach=detach, files=files, gpu_bytes_beside=beside)
 
 
-def _copy_written_files(image: Image, source_dir: Path, fork_dir: Path) -> dict[str, str]:
-    """A copy, for the fork, of each regular file the image has open (or mapped) for writing:
-    the source's files in the store (its logs, a kernel's history) beside the fork's record,
-    any other in the fork's ``files/``. Copied as they are now."""
-    copies: dict[str, str] = {}
+def keep_written_files(ckpt: Checkpoint, source_dir: Path) -> None:
+    """Copies of the files a running source has open for writing, taken right after its checkpoint
+    (the server takes them while it still holds the kernel's messages), for every fork to start
+    from: a copy taken later holds what the source wrote since (IPython's history database then
+    holds lines that the fork's own history repeats, and IPython says so in the fork's output)."""
+    kept = _kept_dir(source_dir, ckpt)
+    shutil.rmtree(kept, ignore_errors=True)
+    make_private_dir(kept)
+    for path in _written_files(read_image(ckpt.images)):
+        with contextlib.suppress(FileNotFoundError):  # deleted since: CRIU brings the image's own copy back
+            private_files(kept, _flat(path))
+            shutil.copyfile(path, kept / _flat(path))
+
+
+def _kept_dir(source_dir: Path, ckpt: Checkpoint) -> Path:
+    return source_dir / KEPT_FILES / ckpt.id
+
+
+def _flat(path: str) -> str:
+    return path.lstrip("/").replace("/", "%")
+
+
+def _written_files(image: Image) -> list[str]:
+    """The regular files the image has open (or mapped) for writing, each once."""
+    paths: list[str] = []
     for f in image.files:
         path = f.path if f.path.startswith("/") else f"/{f.path}"
-        if not (f.access & os.W_OK) or not stat.S_ISREG(f.mode) or path.startswith(_NOT_FILES) or path in copies:
-            continue
+        if (f.access & os.W_OK) and stat.S_ISREG(f.mode) and not path.startswith(_NOT_FILES) and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def _copy_written_files(image: Image, source_dir: Path, fork_dir: Path, kept: Path) -> dict[str, str]:
+    """A copy, for the fork, of each regular file the image has open (or mapped) for writing:
+    the source's files in the store (its logs, a kernel's history) beside the fork's record,
+    any other in the fork's ``files/``. From the copies kept at the checkpoint where there are
+    some (a running source), else as the files are now (the source is not running)."""
+    copies: dict[str, str] = {}
+    for path in _written_files(image):
         src = Path(path)
+        origin = kept / _flat(path) if (kept / _flat(path)).exists() else src
         if src.parent == source_dir:
             dst = fork_dir / src.name
         else:
             make_private_dir(fork_dir / "files")
-            dst = fork_dir / "files" / path.lstrip("/").replace("/", "%")
+            dst = fork_dir / "files" / _flat(path)
         private_files(dst.parent, dst.name)
         try:
-            shutil.copyfile(src, dst)
-            shutil.copymode(src, dst)
+            shutil.copyfile(origin, dst)
+            shutil.copymode(src if src.exists() else origin, dst)
         except FileNotFoundError:  # deleted since: CRIU brings the image's own copy back (a ghost file)
             dst.unlink(missing_ok=True)
             continue

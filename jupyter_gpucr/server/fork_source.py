@@ -28,6 +28,7 @@ from typing import Any
 
 from ..core.errors import EngineError, NotFoundError, StateError
 from ..core.files import make_private_dir
+from ..core.fork import keep_written_files
 from ..core.store import Checkpoint
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR
@@ -72,9 +73,10 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any) -> SourceChe
             report.update(moved)
             t1 = time.perf_counter()
             try:
-                ckpt = await asyncio.to_thread(service.checkpointer.checkpoint, kernel_id, True, "fork",
-                                               {"offload": moved.get("offload")})
-                report["dump"] = ckpt.manifest.get("timings", {})
+                ckpt = made = await asyncio.to_thread(service.checkpointer.checkpoint, kernel_id, True, "fork",
+                                                      {"offload": moved.get("offload")})
+                report["dump"] = made.manifest.get("timings", {})
+                await asyncio.to_thread(keep_written_files, made, store.proc_dir(kernel_id))
                 if offload_to.is_dir():
                     _link_all(offload_to, kept)
             finally:
