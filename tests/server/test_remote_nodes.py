@@ -18,20 +18,9 @@ from tests.conftest import criu_or_skip
 from tests.cpuinfo import missing_here, with_feature
 from tests.kernel_ws import execute
 from tests.s3 import BUCKET, aws_env, environ, moto_server
+from tests.server.test_objectstore_server import CELL, CHECK, EXPECTED, wait_listed
 
 pytestmark = pytest.mark.timeout(300)
-
-CELL = "import numpy as np\nx = np.arange(1_000_000, dtype=np.int64)\nword = 'kept'"
-CHECK = "print(int(x.sum()), word)"
-EXPECTED = f"{sum(range(1_000_000))} kept"
-
-
-async def wait_listed(server: Served, kernel_id: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while kernel_id not in [k["id"] for k in await server.request("api/kernels")]:
-        assert time.monotonic() < deadline, f"kernel {kernel_id} was never listed"
-        await asyncio.sleep(0.2)
-
 
 def made_on_a_richer_cpu(store: ObjectStore, kernel_id: str, word: int, bit: int) -> None:
     """The one fake (no second machine here): the checkpoint in the store says it was made in
