@@ -14,6 +14,7 @@ instruction features that count, under the names ``/proc/cpuinfo`` gives them.
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import tempfile
@@ -106,7 +107,11 @@ def record(criu_path: str, folder: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"boot_id": boot_id()}
     if image is not None:
         (folder / CPUINFO).parent.mkdir(mode=0o700, exist_ok=True)
-        (folder / CPUINFO).write_bytes(image)
+        # Whole or absent, never empty: a server killed here leaves a checkpoint that recovery
+        # completes, and an empty image would make it look damaged at its restore.
+        partial = (folder / CPUINFO).with_suffix(".partial")
+        partial.write_bytes(image)
+        os.replace(partial, folder / CPUINFO)
         here = read_cpuinfo(folder / CPUINFO)
         out["cpu"] = here.model if here else None
     return out
