@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -62,3 +63,18 @@ async def execute(ws: Any, code: str, timeout: float = 120) -> tuple[dict[str, A
     msg = request(code)
     await send(ws, msg)
     return await collect(ws, msg["header"]["msg_id"], timeout)
+
+
+async def saved_history(db: Any, code: str, timeout: float = 10.0) -> list[str]:
+    """The cells IPython saved in the history database ``db``, once ``code`` is among them (its
+    saving thread writes after each cell), or as they are after ``timeout``."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            saved = [row[0] for row in conn.execute("SELECT source_raw FROM history ORDER BY session, line")]
+        if code in saved or time.monotonic() > deadline:
+            return saved
+        await asyncio.sleep(0.2)

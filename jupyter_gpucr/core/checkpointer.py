@@ -413,6 +413,7 @@ class Checkpointer:
                 running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside, run_while_filled=False,
                                                files=files)
                 running.timings["first_attempt"] = time.perf_counter() - t0 - running.timings["total"]
+            running.relocated = dict(files or {})
             # the lock and the records read before: part of what the user waits for
             running.timings["records"] = t0 - asked
             running.timings["total"] += t0 - asked

@@ -18,3 +18,4 @@ class Running:
     started: Started | None
     record: ProcRecord
     timings: dict[str, float] = field(default_factory=dict)
+    relocated: dict[str, str] = field(default_factory=dict)  # path in the image -> the file it has now

@@ -133,6 +133,7 @@ class CriuEngine(SuspendEngine):
             running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, restoring, False,
                                               _offloaded_by_gpu(ckpt, tensors) if offloaded else None)
             km.provisioner.adopt(running.started)
+            await kernel_rpc.follow_moved_history(km, running.relocated)
             if offloaded:  # a GPU kernel: restored eagerly, its memory is all there
                 await self._refill(kernel_id, km, running.timings, progress)
         finally:

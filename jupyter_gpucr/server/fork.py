@@ -75,6 +75,7 @@ class KernelForker:
         try:
             for running in forks:
                 await self._list(km, running)
+                await kernel_rpc.follow_moved_history(self.kernel_manager.get_kernel(running.name), running.relocated)
                 if tensors:
                     await self._refill(running.name, tensors)
         except BaseException:

@@ -20,11 +20,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["SnapshotError", "load", "offload", "prepare_suspend", "reload", "reload_from", "save", "saved_replies", "with_client"]
+__all__ = ["HISTORY_FILE", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_suspend", "reload", "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RESULT = "__import__('gpucr_hooks')._rpc.reply()"
+HISTORY_FILE = "history.sqlite"  # an IPython kernel's own database, in its process folder
 
 
 class SnapshotError(Exception):
@@ -114,6 +115,24 @@ async def reload_from(client: Any, path: str | os.PathLike[str], timeout: float 
     """Put offloaded tensors back on the GPU from the folder ``path`` (a fork's own links to its
     source's files: the folder is deleted after, the source's stays)."""
     return await _call(client, "reload_tensors_from", {"path": os.path.abspath(path)}, timeout)
+
+
+async def reopen_history(client: Any, path: str | os.PathLike[str], timeout: float | None = 60.0) -> dict[str, Any]:
+    """Point IPython's history database at ``path``: the kernel was restored with its folder moved
+    (another node, a fork), and SQLite will not write through the path it opened."""
+    return await _call(client, "reopen_history", {"path": os.path.abspath(path)}, timeout)
+
+
+async def follow_moved_history(km: Any, relocated: Mapping[str, str]) -> None:
+    """A kernel restored with its files moved (``Running.relocated``) writes its history at the
+    new path; a kernel that cannot be told so keeps running, without saving history (logged)."""
+    moved = [new for new in relocated.values() if os.path.basename(new) == HISTORY_FILE]
+    if not moved:
+        return
+    try:
+        await with_client(km, reopen_history, moved[0])
+    except SnapshotError as e:
+        km.log.warning("gpucr: kernel %s runs, but its history is not saved any more: %s", km.kernel_id, e)
 
 
 async def _call(client: Any, hook: str, arguments: dict[str, Any], timeout: float | None) -> Any:

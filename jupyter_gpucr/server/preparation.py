@@ -40,7 +40,7 @@ class SavedReplies:
 
     def of(self, kernel_id: str) -> Saved:
         """The kernel's saved replies, and its own history database if it has one."""
-        history = self.store.proc_dir(kernel_id) / "history.sqlite"
+        history = self.store.proc_dir(kernel_id) / kernel_rpc.HISTORY_FILE
         return Saved(self._by_kernel.get(kernel_id, {}), history if history.exists() else None)
 
 

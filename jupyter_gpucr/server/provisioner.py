@@ -23,6 +23,7 @@ from ..core.checkpointer import Checkpointer
 from ..core.files import private_files
 from ..core.launcher import ExitedAtStart, Started
 from ..core.procs import is_alive, namespace_init
+from .kernel_rpc import HISTORY_FILE
 
 # What poll() reports for a kernel that exited while processes it left still run in its namespace.
 KERNEL_GONE = 1
@@ -83,8 +84,8 @@ class GPUCRProvisioner(LocalProvisioner):
         if not _is_ipykernel(cmd) or any("HistoryManager.hist_file" in p for p in cmd):
             return cmd
         directory = self.checkpointer.store.proc_dir(self.kernel_id)
-        private_files(directory, "history.sqlite")  # SQLite takes an empty file as an empty database
-        return [*cmd, f"--HistoryManager.hist_file={directory / 'history.sqlite'}"]
+        private_files(directory, HISTORY_FILE)  # SQLite takes an empty file as an empty database
+        return [*cmd, f"--HistoryManager.hist_file={directory / HISTORY_FILE}"]
 
     def adopt(self, started: Started | None) -> None:
         """Track a (re)started kernel: the holder's Popen for reaping, the kernel's PID and process

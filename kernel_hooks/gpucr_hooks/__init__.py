@@ -10,13 +10,15 @@ notebook already has.
 from __future__ import annotations
 
 from . import _rpc
+from .history import reopen_history
 from .idle import load_ipython_extension, unload_ipython_extension
 from .offload import offload_tensors, reload_tensors, reload_tensors_from
 from .reseed import reseed
 from .snapshot import snapshot_load, snapshot_save
 from .trim import prepare_suspend
 
-__all__ = ["load_ipython_extension", "offload_tensors", "prepare_suspend", "reload_tensors", "reload_tensors_from", "reseed", "snapshot_load",
+__all__ = ["load_ipython_extension", "offload_tensors", "prepare_suspend", "reload_tensors", "reload_tensors_from", "reopen_history", "reseed", "snapshot_load",
            "snapshot_save", "unload_ipython_extension"]
 
-_rpc.register(prepare_suspend, offload_tensors, reload_tensors, reload_tensors_from, snapshot_save, snapshot_load)
+_rpc.register(prepare_suspend, offload_tensors, reload_tensors, reload_tensors_from, reopen_history, snapshot_save,
+              snapshot_load)

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from tests.kernel_ws import collect, execute, request, send
+from tests.kernel_ws import collect, execute, request, saved_history, send
 from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
@@ -98,6 +98,14 @@ async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverap
     fork_file = await _run(jp_ws_fetch, forks[0], "print(os.path.realpath('/proc/self/fd/%d' % log.fileno()))")
     assert fork_file != source_file
     assert "fork one" not in open(source_file).read() and "fork one" in open(fork_file).read()
+    # each keeps its own history: the fork's cells in its database, not in the source's, and
+    # through its own path (SQLite puts its journal beside the path it opened)
+    own = await _run(jp_ws_fetch, forks[0], "print(get_ipython().history_manager.hist_file)")
+    assert own == str(store.proc_dir(forks[0]) / "history.sqlite")
+    fork_cell = "print(x)"
+    assert fork_cell in await saved_history(store.proc_dir(forks[0]) / "history.sqlite", fork_cell)
+    assert draw in await saved_history(store.proc_dir(kid) / "history.sqlite", draw)
+    assert fork_cell not in await saved_history(store.proc_dir(kid) / "history.sqlite", fork_cell, timeout=0)
     assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "running"
 
 

@@ -13,7 +13,7 @@ from tornado.httpclient import HTTPClientError
 from jupyter_gpucr.core.objectstore import ObjectStore
 from tests.agent_servers import Served, kill_leftovers
 from tests.conftest import criu_or_skip
-from tests.kernel_ws import execute
+from tests.kernel_ws import execute, saved_history
 from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -74,7 +74,9 @@ async def test_suspended_to_s3_killed_mid_upload_restored_on_another_node(tmp_pa
             ws = await b.ws(kid)
             _, out, _ = await execute(ws, CHECK)
             ws.close()
-            assert out.strip().splitlines()[-1] == EXPECTED
+            assert out.strip() == EXPECTED
+            # its history goes on in its folder on this node (SQLite would not write through the old path)
+            assert CHECK in await saved_history(tmp_path / "cache-b" / "procs" / kid / "history.sqlite", CHECK)
             assert await b.state(kid) == "running"
 
             b_node = f"{platform.node()}:{tmp_path / 'cache-b'}"
