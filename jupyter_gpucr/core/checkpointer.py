@@ -348,8 +348,9 @@ class Checkpointer:
                 "driver_version": gpus.driver_version() if cuda_ns_pids else None,
                 "cuda_driver_version": gpus.cuda_driver_version() if cuda_ns_pids else None,
             },
+            # the boot in the intent too: a checkpoint recovery completes restores here without a CPU check
             "host": {"hostname": platform.node(), "kernel": platform.release(), "python": platform.python_version(),
-                     "uid": os.getuid(), "user": getpass.getuser()},
+                     "uid": os.getuid(), "user": getpass.getuser(), "boot_id": nodecompat.boot_id()},
             "gpucr_version": __version__,
         })
 

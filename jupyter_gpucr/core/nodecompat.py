@@ -117,6 +117,22 @@ def record(criu_path: str, folder: Path) -> dict[str, Any]:
     return out
 
 
+def drop_unfinished_record(folder: Path) -> None:
+    """A server killed while it kept the cpuinfo image leaves it partial (or, before it wrote
+    through a rename, empty): recovery drops it, and the checkpoint restores like one made before
+    checkpoints kept it (its boot is in the intent: on this boot no CPU check is needed)."""
+    image = folder / CPUINFO
+    image.with_suffix(".partial").unlink(missing_ok=True)
+    try:
+        whole = image.stat().st_size > 0 and bool(list(entries(image)))
+    except FileNotFoundError:
+        return
+    except Exception:  # noqa: BLE001 - any decoding failure means the same: not a whole image
+        whole = False
+    if not whole:
+        image.unlink(missing_ok=True)
+
+
 def cpu_problem(criu_path: str, folder: Path) -> str | None:
     """Why this node's CPU cannot run the checkpoint in ``folder`` (CRIU's verdict, the features
     named); None when it can or the checkpoint keeps no cpuinfo image (made before it did)."""

@@ -25,6 +25,7 @@ from .errors import BusyError, CheckpointDamagedError, InvalidNameError
 from .identity import ProcId
 from .launcher import HolderRecord, live_holders
 from .locks import exclusive
+from .nodecompat import drop_unfinished_record
 from .procs import find_descendant_by_ns_pid, innermost_pid, is_alive, stop_for_good, tree
 from .store import INTENT, MANIFEST, Checkpoint, Manifest, ProcRecord, Store, name_of_id, read_json, read_record
 
@@ -227,6 +228,7 @@ class CrashRecovery:
         if manifest is None:
             self.store.discard(tmp)
             return None, "Removed an unfinished checkpoint (its dump had not completed)."
+        drop_unfinished_record(tmp)
         ckpt = self.store.commit_checkpoint(cid, tmp, manifest)
         return ckpt, f"Finished checkpoint {cid}, which an interrupted suspend had written completely."
 

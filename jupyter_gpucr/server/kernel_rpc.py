@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["HISTORY_FILE", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_suspend", "reload", "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
+__all__ = ["HISTORY_FILE", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_suspend", "reload",
+           "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -139,3 +139,31 @@ def test_new_restore_recovers_an_interrupted_one_first(agent, store_dir):
         cr.restore(NAME)
     assert cr.status(NAME)["pid"] == running.pid
     assert ask(agent["port"])["checksum"] == agent["checksum"]
+
+
+@pytest.mark.parametrize("cpuinfo", [b"", b"half", None], ids=["empty", "partial", "absent"])
+def test_a_dump_finished_before_the_kill_is_committed_without_a_broken_cpu_record(agent, store_dir, cpuinfo):
+    """Killed after CRIU finished but while the node's CPU record was being kept: recovery commits
+    the dump without a broken record, and it restores (on this boot no CPU check is needed)."""
+    from jupyter_gpucr.core import nodecompat
+    from jupyter_gpucr.core.store import MANIFEST
+
+    cr = Checkpointer(store_dir)
+    ckpt = cr.checkpoint(NAME)
+    rec = cr.store.read_proc(NAME)
+    tmp = ckpt.path.with_name(f".tmp-{ckpt.id}")
+    ckpt.path.rename(tmp)  # as it was before the commit: images written, no manifest
+    (tmp / MANIFEST).unlink()
+    image = tmp / nodecompat.CPUINFO
+    if cpuinfo is None:
+        image.unlink()
+    else:
+        image.with_suffix(".partial").write_bytes(image.read_bytes())
+        image.write_bytes(image.read_bytes()[: len(cpuinfo)])
+    cr.store.write_proc(NAME, {**rec, "state": "running", "checkpoint": None})
+    outcome = cr.recover(NAME)
+    assert (outcome.outcome, outcome.checkpoint_id) == ("suspended", ckpt.id), outcome
+    recovered = cr.store.get(ckpt.id)
+    assert not (recovered.path / "host").exists() or list((recovered.path / "host").iterdir()) == []
+    assert recovered.manifest["host"]["boot_id"] == nodecompat.boot_id()
+    ensure_running(cr, agent)
