@@ -36,6 +36,7 @@ import websocket  # websocket-client, a jupyter_server dependency
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_w2 import TOKEN, Server  # noqa: E402
+from bench_w2 import run_cell as w2_run_cell  # noqa: E402
 
 from jupyter_gpucr.core import gpus  # noqa: E402
 from jupyter_gpucr.core.sizes import parse_size  # noqa: E402
@@ -98,29 +99,9 @@ def host_code(mib: int, seed: int) -> tuple[str, str, int]:
 
 def run_cell(ws, source: str) -> tuple[str, float, float]:
     """Output, seconds to its first output, seconds to the reply and idle."""
-    msg_id = uuid.uuid4().hex
-    t0 = time.perf_counter()
-    ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "bench", "session": "b",
-                                   "version": "5.3", "date": ""}, "parent_header": {}, "metadata": {}, "channel": "shell",
-                        "content": {"code": source, "silent": False, "store_history": True, "user_expressions": {},
-                                    "allow_stdin": False, "stop_on_error": True}}))
-    out, first, reply, idle = [], None, None, False
-    while reply is None or not idle:
-        msg = json.loads(ws.recv())
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
-            continue
-        kind = msg["header"]["msg_type"]
-        if kind == "stream":
-            first = first or time.perf_counter() - t0
-            out.append(msg["content"]["text"])
-        elif kind == "error":
-            raise RuntimeError("\n".join(msg["content"]["traceback"])[-2000:])
-        elif kind == "execute_reply":
-            reply = msg
-        elif kind == "status" and msg["content"]["execution_state"] == "idle":
-            idle = True
-    done = time.perf_counter() - t0
-    return "".join(out).strip(), first or done, done
+    timing: dict[str, float] = {}
+    out = w2_run_cell(ws, source, timing)
+    return out, timing["first_output_s"], timing["done_s"]
 
 
 def medium(path: Path) -> str:

@@ -98,8 +98,10 @@ class Server:
 
 def run_cell(ws: websocket.WebSocket, source: str, timing: dict[str, float] | None = None) -> str:
     """Execute ``source`` as JupyterLab does; its stdout once the reply and idle arrived.
-    ``timing["kernel_s"]``: how long the kernel itself ran it (its reply's ``started`` to its date)."""
+    ``timing["kernel_s"]``: how long the kernel itself ran it (its reply's ``started`` to its date);
+    ``first_output_s`` and ``done_s``: seconds from sending it to its first output, and to the idle."""
     msg_id = uuid.uuid4().hex
+    t0 = time.perf_counter()
     ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "bench", "session": "b",
                                    "version": "5.3", "date": ""}, "parent_header": {}, "metadata": {}, "channel": "shell",
                         "content": {"code": source, "silent": False, "store_history": True, "user_expressions": {},
@@ -111,9 +113,11 @@ def run_cell(ws: websocket.WebSocket, source: str, timing: dict[str, float] | No
             continue
         kind = msg["header"]["msg_type"]
         if kind == "stream":
+            if timing is not None:
+                timing.setdefault("first_output_s", time.perf_counter() - t0)
             out.append(msg["content"]["text"])
         elif kind == "error":
-            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+            raise RuntimeError("\n".join(msg["content"]["traceback"])[-2000:])
         elif kind == "execute_reply":
             reply = msg
             if timing is not None:
@@ -122,6 +126,9 @@ def run_cell(ws: websocket.WebSocket, source: str, timing: dict[str, float] | No
                 timing.update(kernel_s=replied - started, started_at=started, replied_at=replied)
         elif kind == "status" and msg["content"]["execution_state"] == "idle":
             idle = True
+    if timing is not None:
+        timing["done_s"] = time.perf_counter() - t0
+        timing.setdefault("first_output_s", timing["done_s"])
     return "".join(out).strip()
 
 
