@@ -21,6 +21,7 @@ from ..core.errors import GPUCRError, StateError
 from ..core.group import join as join_group
 from ..core.group import member_log, members
 from ..core.objectstore import ObjectStore, is_url
+from ..core.openfiles import OpenFiles
 from ..core.store import ProcRecord, name_of_id
 from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
@@ -154,7 +155,8 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         return install(args.prefix, args.force)
     url = args.store or os.environ.get("GPUCR_STORE")
     remote = ObjectStore(url) if url and is_url(url) else None  # then this node's default store is the cache
-    cr = Checkpointer(None if remote else args.store, criu_path=args.criu)
+    # uploaded checkpoints keep the scratch files the process holds open (the home is taken for shared)
+    cr = Checkpointer(None if remote else args.store, criu_path=args.criu, open_files=OpenFiles() if remote else None)
     if args.cmd == "run":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         wake_on = [WakeOn.parse(w) for w in args.wake_on]

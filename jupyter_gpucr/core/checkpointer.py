@@ -26,7 +26,7 @@ from typing import Any, Protocol, cast
 import psutil
 
 from .._version import __version__
-from . import cuda, gpus, hugepages, netns, nodecompat, pagefill
+from . import cuda, gpus, hugepages, netns, nodecompat, openfiles, pagefill
 from .checksums import DigestWhileWriting
 from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, drop_network_locks, dump_stats, explain_log
 from .errors import (
@@ -50,7 +50,7 @@ from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_al
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
 from .running import Running
 from .store import Checkpoint, Manifest, ProcRecord, Store
-from .upload import relocated_files
+from .upload import node_id, relocated_files
 
 Progress = Callable[[str, int, int], None]
 
@@ -97,6 +97,7 @@ class Checkpointer:
         lazy_restore: bool = True,
         network_lock_hold: float | None = NETWORK_LOCK_HOLD,
         restore_check: RestoreCheck | None = None,
+        open_files: openfiles.OpenFiles | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self.criu_path = criu_path
@@ -108,6 +109,9 @@ class Checkpointer:
         self.lazy_restore = lazy_restore
         self.network_lock_hold = network_lock_hold
         self.restore_check = restore_check
+        #: Where checkpoints are uploaded for other nodes: what the process holds open is recorded
+        #: and its scratch files kept with each checkpoint that stops it (see ``openfiles``).
+        self.open_files = open_files
         #: Entered with (name, checkpoint id, images folder) while CRIU writes the images: an
         #: upload to object storage that starts at once (``streamup``); its exit learns whether
         #: the dump succeeded. Not for a dump that leaves the process running (a fork's): that one
@@ -245,6 +249,9 @@ class Checkpointer:
         gpu_bytes = sum(u["memory_used"] for u in used)
         estimate = tree_rss(pid) + gpu_bytes
         self._check_resources(estimate, gpu_bytes)
+        kept_files = None if leave_running else self.open_files  # a source left running writes on: none kept
+        if kept_files is not None:
+            kept_files.check_size(pids, rec.get("cwd"))
         cuda_ns_pids = [innermost_pid(p) for p in cuda_pids]
         cid, tmp = self.store.new_checkpoint_dir(name)
         nodecompat.warm(criu.path)  # this node's cpuinfo image, kept with the checkpoint
@@ -298,6 +305,11 @@ class Checkpointer:
                 t1 = time.perf_counter()
                 flushing.result()
                 timings["flush_wait"] = time.perf_counter() - t1
+            if kept_files is not None:
+                t1 = time.perf_counter()
+                intent["open_files"] = openfiles.record(tmp / "images", tmp, kept_files, rec.get("cwd"),
+                                                        self.store.proc_dir(name), node_id(self.store))
+                timings["open_files"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
             host = {**intent["host"], **nodecompat.record(criu.path, tmp)}
             manifest: Manifest = {**intent, "created": time.time(), "size": sum(int(f["size"]) for f in files.values()),
@@ -425,6 +437,7 @@ class Checkpointer:
                         run_while_filled: bool = True, files: Mapping[str, str] | None = None) -> Running:
         t0 = time.perf_counter()
         self.check_compatible(ckpt)
+        openfiles.prepare(ckpt, node_id(self.store))  # made on another node: its scratch files back, the others checked
         gpu_info = ckpt.manifest.get("gpu", {})
         used = gpu_info.get("used", [])
         needs = [{**u, "memory_used": u["memory_used"] + beside.get(u["uuid"], 0)} for u in used]

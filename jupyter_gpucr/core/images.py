@@ -26,7 +26,7 @@ _FRAMED = (0x54564319, 0x55105940)
 FD_REG, FD_INETSK, FD_UNIXSK = 1, 4, 5
 _FE_TYPE, _FE_ID, _FE_REG, _FE_ISK, _FE_USK = 1, 2, 3, 4, 16
 # regfile.proto
-_REG_ID, _REG_FLAGS, _REG_NAME, _REG_MODE = 1, 2, 6, 10
+_REG_ID, _REG_FLAGS, _REG_NAME, _REG_SIZE, _REG_MODE = 1, 2, 6, 8, 10
 # sk-unix.proto / sk-inet.proto
 _USK_NAME, _USK_NAME_DIR, _USK_STATE = 11, 14, 4
 _ISK_FAMILY, _ISK_TYPE, _ISK_STATE, _ISK_SRC_PORT, _ISK_SRC_ADDR, _ISK_DST_ADDR = 3, 4, 6, 7, 11, 12
@@ -110,12 +110,14 @@ def _one(f: Fields, n: int, default: Any = None) -> Any:
 class RegFile:
     """A file the restore reopens by path: a descriptor, a mapping, a task's cwd, root or executable.
     ``access``: what the owner must be allowed to do with it (``os.access`` bits), from its open
-    mode and that of its mappings (a shared writable mapping is restored by opening it read-write)."""
+    mode and that of its mappings (a shared writable mapping is restored by opening it read-write).
+    ``size``: the size CRIU requires of it at the restore (None: not checked, a file only appended to)."""
 
     id: int
     path: str
     mode: int
     access: int
+    size: int | None = None
 
 
 def access_of(open_flags: int, mode: int) -> int:
@@ -180,8 +182,9 @@ def read_image(images: Path) -> Image:
         if kind == FD_REG and _FE_REG in e:
             r = decode(e[_FE_REG][0])
             mode = int(_one(r, _REG_MODE, 0))
+            size = _one(r, _REG_SIZE)
             files.append(RegFile(int(_one(r, _REG_ID, 0)), bytes(_one(r, _REG_NAME, b"")).decode(errors="surrogateescape"),
-                                 mode, access_of(int(_one(r, _REG_FLAGS, 0)), mode)))
+                                 mode, access_of(int(_one(r, _REG_FLAGS, 0)), mode), None if size is None else int(size)))
         elif kind == FD_UNIXSK and _FE_USK in e:
             u = decode(e[_FE_USK][0])
             name = bytes(_one(u, _USK_NAME, b"")).rstrip(b"\0")
@@ -215,7 +218,7 @@ def _with_mapping_modes(images: Path, files: list[RegFile]) -> list[RegFile]:
                 if int(_one(v, _VMA_STATUS, 0)) & (_VMA_FILE_PRIVATE | _VMA_FILE_SHARED):
                     fid = int(_one(v, _VMA_SHMID, 0))
                     needs[fid] = needs.get(fid, 0) | access_of(int(_one(v, _VMA_FDFLAGS, 0)), 0)
-    return [RegFile(f.id, f.path, f.mode, f.access | needs.get(f.id, 0)) for f in files]
+    return [RegFile(f.id, f.path, f.mode, f.access | needs.get(f.id, 0), f.size) for f in files]
 
 
 def _fds(images: Path) -> dict[int, list[int]]:

@@ -115,6 +115,7 @@ class Manifest(TypedDict, total=False):
     offload: dict[str, Any]
     owner: dict[str, Any]
     daemon_images: str  # a mirror of a checkpoint whose images are in the gpucr daemon's store
+    open_files: dict[str, Any]  # the files its process holds open, for a restore elsewhere (core/openfiles.py)
 
 
 def read_record(proc_dir: Path) -> ProcRecord:

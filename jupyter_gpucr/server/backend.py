@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 from ..core.backend import CheckpointBackend
 from ..core.checkpointer import Checkpointer
+from ..core.openfiles import OpenFiles
 from ..core.privileges import check_privileges
+from ..core.sizes import parse_size
 from ..core.store import Store
 from ..daemon.client import DaemonCheckpointer, DaemonClient
 from .config import GPUCR
+from .remote import remote_url
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ def build_checkpointer(config: GPUCR, backend: Backend, store: Store, max_bytes:
     """A core Checkpointer, or one whose privileged work the daemon does."""
     if backend.kind == "daemon":
         return DaemonCheckpointer(store, config.daemon_socket, keep_last=config.keep_last, max_bytes=max_bytes)
+    # checkpoints uploaded for other nodes keep what those nodes lack of the files a kernel holds open
+    open_files = OpenFiles(tuple(config.shared_paths), parse_size(config.max_scratch_bytes)) if remote_url(config) else None
     return Checkpointer(store, criu_path=config.criu_path or None, keep_last=config.keep_last, max_bytes=max_bytes,
                         lock_timeout_ms=config.lock_timeout_ms, lazy_restore=config.lazy_restore,
-                        network_lock_hold=config.network_lock_hold)
+                        network_lock_hold=config.network_lock_hold, open_files=open_files)

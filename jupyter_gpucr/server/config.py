@@ -189,6 +189,23 @@ class GPUCR(Configurable):
         "renewed for this long (its node was lost) is taken over by the next node that restores the kernel, from "
         "its last durable checkpoint. The nodes' clocks must agree to well within it (NTP).",
     )
+    shared_paths = List(
+        Unicode(), config=True,
+        help="With object storage: the folders every node mounts at the same path with the same files (the user's "
+        "home on its persistent volume). Files a kernel holds open there must be as it left them on the node that "
+        "restores it. Files it holds open in /tmp, /var/tmp, /dev/shm or in a working directory outside these "
+        "folders are copied into the checkpoint and put back at their paths on another node. Default: the home "
+        "directory.",
+    )
+    max_scratch_bytes = Union(
+        [Float(), Unicode()], default_value="2GiB", config=True,
+        help="With object storage: the most bytes of scratch files (see shared_paths) a suspend copies into the "
+        "checkpoint; a kernel holding more is not suspended (it runs on, the error names the files).",
+    )
+
+    @default("shared_paths")
+    def _shared_paths_default(self) -> list[str]:
+        return [os.path.expanduser("~")]
 
     kernel_gpu_memory = Union(
         [Float(), Unicode()], default_value="", config=True,
@@ -197,7 +214,7 @@ class GPUCR(Configurable):
         "default (GPU 0, or the first of its CUDA_VISIBLE_DEVICES). Empty: none is made at start.",
     )
 
-    @validate("host_memory_budget", "kernel_memory", "kernel_gpu_memory")
+    @validate("host_memory_budget", "kernel_memory", "kernel_gpu_memory", "max_scratch_bytes")
     def _valid_size(self, proposal: Any) -> Any:
         try:
             parse_size(proposal["value"], 1)
