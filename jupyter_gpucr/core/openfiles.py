@@ -13,6 +13,7 @@ the new folder (``upload.relocated_files``).
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import os
 import shutil
 import stat
@@ -149,7 +150,7 @@ def prepare(ckpt: Checkpoint, node: str) -> None:
         if entry["scratch"]:
             if st is None:
                 missing.append(entry)
-            elif not _same(st, entry):
+            elif not _same(st, entry) and not _same_content(st, entry, ckpt.path / FILES / entry["path"].lstrip("/")):
                 problems.append(f"{entry['path']} on this node is another file than the process's ({_said(st, entry)})")
         elif st is None:
             problems.append(f"{entry['path']} is missing on this node")
@@ -179,6 +180,13 @@ def prepare(ckpt: Checkpoint, node: str) -> None:
 def _same(st: os.stat_result, entry: dict[str, Any]) -> bool:
     """The file put back before (by an earlier try of this restore), or never gone."""
     return (st.st_size, st.st_mtime_ns, st.st_mode) == (entry["size"], entry["mtime_ns"], entry["mode"])
+
+
+def _same_content(st: os.stat_result, entry: dict[str, Any], copy: Path) -> bool:
+    """The same bytes at the path, written at another time: the same software or data installed
+    on this node too (a virtualenv in the working directory), which CRIU takes as it is."""
+    return (st.st_size, st.st_mode) == (entry["size"], entry["mode"]) and copy.is_file() and \
+        filecmp.cmp(copy, entry["path"], shallow=False)
 
 
 def _said(st: os.stat_result, entry: dict[str, Any]) -> str:
