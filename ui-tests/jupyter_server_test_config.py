@@ -15,7 +15,12 @@ and exposes the JupyterLab application object to the page.
   into ~/.jupyter. JupyterLab's news and update checks are off in it.
 - a second Python kernelspec, ``python3-idle``, whose kernels are suspended
   after 5 s without activity (the idle timeout of every other kernel is a
-  day, so that no other test's kernel goes to disk on its own).
+  day, so that no other test's kernel goes to disk on its own);
+- a host memory budget of 16 GiB and a third kernelspec, ``python3-room``,
+  whose kernels declare 10 GiB (room.spec.ts reads what the side panel says
+  they hold); a kernel is idle, for making room, as soon as no cell runs. No
+  other kernel declares memory, and theirs is far below the budget: no test
+  but a deliberate one has a kernel suspended to make room.
 """
 import json
 import os
@@ -68,15 +73,23 @@ c.LabApp.user_settings_dir = str(_settings)  # noqa: F821
 
 c.ServerApp.log_level = os.environ.get("GPUCR_UI_LOG_LEVEL", "INFO")  # noqa: F821
 
+# What the kernels hold, under a host memory budget (room.spec.ts).
+c.GPUCR.host_memory_budget = "16GiB"  # noqa: F821
+c.GPUCR.min_resident_s = 0  # noqa: F821
+
 # Idle suspension for the python3-idle kernelspec only (idle timeouts are per kernelspec).
 c.GPUCR.idle_timeout = 86400  # noqa: F821
 c.GPUCR.idle_check_interval = 1  # noqa: F821
+# The kernelspecs of python3-idle (its own idle timeout) and python3-room (its declared memory).
 _kernels = Path(tempfile.mkdtemp(prefix="gpucr-ui-kernels-"))
-(_kernels / "kernels" / "python3-idle").mkdir(parents=True)
-(_kernels / "kernels" / "python3-idle" / "kernel.json").write_text(json.dumps({
-    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-    "display_name": "Python 3 (suspended after 5 s unused)",
-    "language": "python",
-    "metadata": {"gpucr_idle_timeout": 5},
-}))
+_specs = {"python3-idle": ("Python 3 (suspended after 5 s unused)", {"gpucr_idle_timeout": 5}),
+          "python3-room": ("Python 3 (declares 10 GiB)", {"gpucr_memory": "10GiB"})}
+for _name, (_display, _metadata) in _specs.items():
+    (_kernels / "kernels" / _name).mkdir(parents=True)
+    (_kernels / "kernels" / _name / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": _display,
+        "language": "python",
+        "metadata": _metadata,
+    }))
 os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(_kernels), os.environ.get("JUPYTER_PATH")) if p)

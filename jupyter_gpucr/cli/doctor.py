@@ -1,34 +1,44 @@
-"""``gpucr doctor``: runs the checks of :mod:`jupyter_gpucr.core.doctor` and prints them."""
+"""``gpucr doctor``: runs the checks of :mod:`jupyter_gpucr.core.doctor` and prints them, then what
+each GPU holds (:mod:`jupyter_gpucr.core.roomreport`)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
+from ..core import gpus
 from ..core.doctor import Report, report, run_checks
 from ..core.errors import GPUCRError
-from ..core.privileges import Check
-from ..core.roomreport import room_checks
+from ..core.roomreport import MemorySection, memory_lines, memory_section
 from ..core.store import Store
 from ..daemon.client import DaemonClient
 from ..daemon.protocol import DEFAULT_SOCKET
 from .server_client import call, find_server
 
 
-def doctor(store: str | None, criu_path: str | None) -> tuple[Report, str]:
+class DoctorReport(Report):
+    memory: MemorySection
+
+
+def doctor(store: str | None, criu_path: str | None) -> tuple[DoctorReport, str]:
     """The report, and its lines for a person; the daemon is the one ``$GPUCR_DAEMON_SOCKET`` names
     (else the default socket), as a JupyterHub user's server would ask."""
     daemon = DaemonClient(os.environ.get("GPUCR_DAEMON_SOCKET") or DEFAULT_SOCKET)
-    rep = report(run_checks(Store(store), criu_path, daemon) + _room())
-    return rep, "\n".join(_line(c["ok"], c["required"], c["name"], c["detail"], c["fix"]) for c in rep["checks"])
+    rep: DoctorReport = {**report(run_checks(Store(store), criu_path, daemon)), "memory": _memory()}
+    lines = [_line(c["ok"], c["required"], c["name"], c["detail"], c["fix"]) for c in rep["checks"]]
+    return rep, "\n".join([*lines, *memory_lines(rep["memory"])])
 
 
-def _room() -> list[Check]:
-    """What each GPU holds and how much of it idle kernels hold, as this user's running Jupyter
-    server sees it (only a server knows which kernels are idle)."""
+def _memory() -> MemorySection:
+    """The GPUs as NVML sees them, with the kernels' share from this user's running Jupyter server
+    (the one ``gpucr kernel`` finds): only a server knows which kernels are idle."""
+    room: list[dict[str, Any]] | None = None
+    server = not_asked = None
     try:
-        url, token = find_server(None, None)
-        return room_checks(call(url, token, "api/gpucr/room"))
+        server, token = find_server(None, None)
+        room = call(server, token, "api/gpucr/room")
     except GPUCRError as e:
-        return [Check("room", True, f"not asked: {e.message}", required=False)]
+        server, not_asked = None, e.message
+    return memory_section(gpus.list_gpus(), room, server, not_asked)
 
 
 def _line(ok: bool, required: bool, name: str, detail: str, fix: str) -> str:

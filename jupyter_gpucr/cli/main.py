@@ -22,6 +22,7 @@ from ..core.group import join as join_group
 from ..core.group import member_log, members
 from ..core.objectstore import ObjectStore, is_url
 from ..core.openfiles import OpenFiles
+from ..core.roomreport import kernel_lines
 from ..core.store import ProcRecord, name_of_id
 from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
@@ -85,8 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--count", type=int, default=1)
     s.add_argument("--gpu", default="auto", help="auto, a GPU index or a UUID")
     add("ls", help="list processes and checkpoints")
-    s = add("kernel", help="suspend, resume or list the kernels of a running Jupyter server")
-    s.add_argument("action", choices=["ls", "suspend", "resume"])
+    s = add("kernel", help="suspend, resume or list the kernels of a running Jupyter server; room: the memory "
+            "each GPU (and the host memory budget) holds, by kernel, and what idle kernels could make room of")
+    s.add_argument("action", choices=["ls", "suspend", "resume", "room"])
     s.add_argument("kernel_id", nargs="?")
     s.add_argument("--engine", choices=["auto", "criu", "snapshot"], help="suspend with this engine")
     s.add_argument("--gpu", help="resume onto auto, a GPU index or a UUID")
@@ -261,6 +263,9 @@ def _kernel_command(args: argparse.Namespace) -> tuple[Any, str]:
                  f"{_size((s.get('checkpoint') or {}).get('size'))}" + (f"  {s['label']}" if s.get("label") else "")
                  for s in states]
         return states, "\n".join(lines) or "No kernels."
+    if args.action == "room":
+        report = call(url, token, "api/gpucr/room")
+        return report, "\n".join(kernel_lines(report))
     if not args.kernel_id:
         raise GPUCRError(f"'gpucr kernel {args.action}' needs a kernel id.", "List them with 'gpucr kernel ls'.")
     body = {"engine": args.engine} if args.action == "suspend" and args.engine else (

@@ -85,9 +85,6 @@ def _check_gpu() -> list[Check]:
     ]
     reason = cuda.unavailable_reason()
     checks.append(Check("cuda-bindings", reason is None, reason or "driver checkpoint API reachable", reason or ""))
-    for g in gpus.list_gpus():
-        checks.append(Check(f"GPU {g.index}", True, f"{g.name} {g.uuid}, {g.memory_free >> 20} MiB free of {g.memory_total >> 20}",
-                            required=False))
     try:
         import pynvml
 

@@ -15,7 +15,6 @@ from tornado import web
 from ..core import gpus
 from ..core.doctor import report, run_checks
 from ..core.errors import GPUCRError
-from ..core.roomreport import room_checks
 from ..daemon.client import DaemonClient
 
 AUTH_RESOURCE = "kernels"
@@ -192,7 +191,7 @@ class DoctorHandler(GPUCRHandler):
         options = self.service.options
         daemon = DaemonClient(options.daemon_socket) if options.daemon_socket else None
         checks = run_checks(self.service.checkpointer.store, options.criu_path or None, daemon)
-        self.finish(json.dumps(report(checks + room_checks(self.service.room.report()))))
+        self.finish(json.dumps(report(checks)))
 
 
 def handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:

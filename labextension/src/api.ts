@@ -11,6 +11,7 @@ import type {
   IDoctorReport,
   IGpu,
   IKernelState,
+  IRoomPlace,
   ITrashItem,
   SuspendWhen
 } from './types';
@@ -196,6 +197,11 @@ export class GpucrClient {
 
   listGpus(): Promise<IGpu[]> {
     return requestAPI<IGpu[]>('gpus', {}, this.serverSettings);
+  }
+
+  /** What each GPU (and the host memory budget) holds, and what idle kernels could make room of. */
+  room(): Promise<IRoomPlace[]> {
+    return requestAPI<IRoomPlace[]>('room', {}, this.serverSettings);
   }
 
   doctor(): Promise<IDoctorReport> {

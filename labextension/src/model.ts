@@ -1,7 +1,8 @@
 /**
  * The model the views render: the kernel states (store.ts, kept current by
  * polls, events and the replies to this browser's operations), the
- * checkpoint, trash and GPU lists, and the operations themselves.
+ * checkpoint, trash and GPU lists, what each GPU (and the host memory budget)
+ * holds, and the operations themselves.
  *
  * Views never call the server themselves; they read this model and listen to
  * its signals. The requests go through the REST client (api.ts).
@@ -21,6 +22,7 @@ import {
   IGpu,
   IKernelState,
   IKernelStateEvent,
+  IRoomPlace,
   ITrashItem,
   KERNEL_STATE_SCHEMA
 } from './types';
@@ -111,6 +113,11 @@ export class GpucrModel implements IDisposable {
 
   get gpus(): ReadonlyArray<IGpu> {
     return this._gpus;
+  }
+
+  /** What each GPU (and the host memory budget) holds: `GET /api/gpucr/room`. */
+  get room(): ReadonlyArray<IRoomPlace> {
+    return this._room;
   }
 
   get doctor(): IDoctorReport | null {
@@ -205,13 +212,14 @@ export class GpucrModel implements IDisposable {
     return null;
   }
 
-  /** Fetch kernels, checkpoints, trash and GPUs now. */
+  /** Fetch kernels, checkpoints, trash, GPUs and what they hold now. */
   async refreshLists(): Promise<void> {
-    const [kernels, checkpoints, gpus, trash] = await Promise.allSettled([
+    const [kernels, checkpoints, gpus, trash, room] = await Promise.allSettled([
       this.refreshKernels(),
       this.client.listCheckpoints(),
       this.client.listGpus(),
-      this.client.listTrash()
+      this.client.listTrash(),
+      this.client.room()
     ]);
     const errors: string[] = [];
     if (kernels.status === 'fulfilled' && kernels.value) {
@@ -238,6 +246,11 @@ export class GpucrModel implements IDisposable {
       this._gpus = gpus.value;
     } else if (gpus.status === 'rejected') {
       errors.push(String((gpus.reason as Error).message));
+    }
+    if (room.status === 'fulfilled' && Array.isArray(room.value)) {
+      this._room = room.value;
+    } else if (room.status === 'rejected') {
+      errors.push(String((room.reason as Error).message));
     }
     const listError = errors.length ? [...new Set(errors)].join('; ') : null;
     this._listError = listError;
@@ -465,6 +478,7 @@ export class GpucrModel implements IDisposable {
   private _checkpoints: ICheckpoint[] = [];
   private _trash: ITrashItem[] = [];
   private _gpus: IGpu[] = [];
+  private _room: IRoomPlace[] = [];
   private _doctor: IDoctorReport | null = null;
   private _listError: string | null = null;
   private _listsLoaded = false;

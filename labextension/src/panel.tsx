@@ -1,7 +1,8 @@
 /**
  * The side panel: one row per suspended kernel (with its checkpoint),
- * the checkpoints no kernel is suspended in, the trash, the GPUs with their
- * free memory, and what works on this server.
+ * the checkpoints no kernel is suspended in, the trash, the GPUs (and the
+ * host memory budget) with what the kernels hold there and what idle kernels
+ * could make room of, and what works on this server.
  */
 import {
   ReactWidget,
@@ -22,9 +23,22 @@ import {
   kindLabel
 } from './messages';
 import { GpucrModel } from './model';
+import {
+  gpuRoom,
+  hostRoom,
+  roomKernelLines,
+  roomSegments,
+  roomText
+} from './room';
 import { groupForPanel, isTransient } from './state';
 import { CommandIDs } from './tokens';
-import type { ICheckpoint, IGpu, IKernelState, ITrashItem } from './types';
+import type {
+  ICheckpoint,
+  IGpu,
+  IKernelState,
+  IRoomPlace,
+  ITrashItem
+} from './types';
 
 export class GpucrPanel extends ReactWidget {
   constructor(options: GpucrPanel.IOptions) {
@@ -63,6 +77,7 @@ export class GpucrPanel extends ReactWidget {
     const model = this._model;
     const groups = groupForPanel(model.kernels.values(), model.checkpoints);
     const loading = model.listsLoaded ? null : 'Loading…';
+    const host = hostRoom(model.room);
     return (
       <div className="jp-gpucr-Panel-content">
         <div className="jp-gpucr-Panel-header">
@@ -127,6 +142,24 @@ export class GpucrPanel extends ReactWidget {
             <ul>{model.gpus.map(g => this._renderGpu(g))}</ul>
           )}
         </section>
+        {host && (
+          <section className="jp-gpucr-Panel-section jp-gpucr-Panel-host">
+            <h3>Host memory</h3>
+            <ul>
+              <li className="jp-gpucr-Item jp-gpucr-Host">
+                <div className="jp-gpucr-Item-main">
+                  <div
+                    className="jp-gpucr-Item-title"
+                    title="c.GPUCR.host_memory_budget: the most host memory the kernels may hold at once"
+                  >
+                    Budget for kernels
+                  </div>
+                  {this._renderRoom(host)}
+                </div>
+              </li>
+            </ul>
+          </section>
+        )}
         {this._renderDoctor()}
       </div>
     );
@@ -309,12 +342,9 @@ export class GpucrPanel extends ReactWidget {
     );
   }
 
+  /** A GPU: what it holds (the room report's row), else its free memory alone. */
   private _renderGpu(gpu: IGpu): JSX.Element {
-    const used =
-      gpu.memory_total > 0
-        ? Math.min(100, Math.round((100 * gpu.memory_used) / gpu.memory_total))
-        : 0;
-    const kernels = gpu.kernels?.length ?? 0;
+    const room = gpuRoom(this._model.room, gpu.uuid);
     return (
       <li
         key={gpu.uuid || gpu.index}
@@ -325,16 +355,56 @@ export class GpucrPanel extends ReactWidget {
           <div className="jp-gpucr-Item-title" title={gpu.uuid}>
             GPU {gpu.index} · {gpu.name}
           </div>
-          <div className="jp-gpucr-Meter" title={`${used}% used`}>
-            <span style={{ width: `${used}%` }} />
-          </div>
-          <div className="jp-gpucr-Item-detail">
-            {formatBytes(gpu.memory_free)} free of{' '}
-            {formatBytes(gpu.memory_total)}
-            {kernels > 0 ? ` · ${kernels} kernel${kernels > 1 ? 's' : ''}` : ''}
-          </div>
+          {room ? this._renderRoom(room) : this._renderFree(gpu)}
         </div>
       </li>
+    );
+  }
+
+  private _renderFree(gpu: IGpu): JSX.Element {
+    const used =
+      gpu.memory_total > 0
+        ? Math.min(100, Math.round((100 * gpu.memory_used) / gpu.memory_total))
+        : 0;
+    const kernels = gpu.kernels?.length ?? 0;
+    return (
+      <>
+        <div className="jp-gpucr-Meter" title={`${used}% used`}>
+          <span style={{ width: `${used}%` }} />
+        </div>
+        <div className="jp-gpucr-Item-detail">
+          {formatBytes(gpu.memory_free)} free of {formatBytes(gpu.memory_total)}
+          {kernels > 0 ? ` · ${kernels} kernel${kernels > 1 ? 's' : ''}` : ''}
+        </div>
+      </>
+    );
+  }
+
+  /**
+   * A place's bar (idle kernels, kernels kept, other use, free) and its line;
+   * the tooltip names each kernel and whether it could be suspended to make room.
+   */
+  private _renderRoom(place: IRoomPlace): JSX.Element {
+    const kernels = roomKernelLines(place, id => this._name(id));
+    const title = [
+      'Idle: what is suspended, least recently used first, when another kernel needs the room.',
+      ...kernels
+    ].join('\n');
+    return (
+      <>
+        <div className="jp-gpucr-Meter jp-gpucr-Room-bar" title={title}>
+          {roomSegments(place).map(s => (
+            <span
+              key={s.part}
+              className={`jp-gpucr-Room-${s.part}`}
+              style={{ width: `${s.percent}%` }}
+            />
+          ))}
+        </div>
+        <div className="jp-gpucr-Item-detail jp-gpucr-Room" title={title}>
+          {roomText(place)}
+        </div>
+      </>
     );
   }
 

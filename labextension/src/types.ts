@@ -177,6 +177,35 @@ export interface IGpu {
   kernels: string[];
 }
 
+/** A kernel in an `IRoomPlace`. */
+export interface IRoomKernel {
+  kernel_id: string;
+  bytes: number;
+  /** Seconds since its last activity. */
+  idle_s: number;
+  /** Why it would not be suspended to make room (`running a cell`, …); null: it would. */
+  kept: string | null;
+}
+
+/** `GET /api/gpucr/room` items: a GPU, or the host memory budget. */
+export interface IRoomPlace {
+  /** `GPU 0` or `host memory`. */
+  where: string;
+  /** A GPU's index, UUID and model (absent for the host memory budget). */
+  index?: number;
+  uuid?: string;
+  name?: string;
+  /** The GPU's memory, or the host memory budget. */
+  total: number;
+  used: number;
+  free: number;
+  /** What this server's kernels hold there. */
+  held_by_kernels: number;
+  /** What idle kernels hold there that would be suspended to make room now. */
+  idle: number;
+  kernels: IRoomKernel[];
+}
+
 /** A check of `GET /api/gpucr/doctor`. */
 export interface IDoctorCheck {
   name: string;

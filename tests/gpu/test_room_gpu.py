@@ -11,6 +11,7 @@ import time
 import pytest
 
 from jupyter_gpucr.core import cuda, gpus
+from jupyter_gpucr.core.roomreport import memory_section, place_line
 from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID, WAITING
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute
@@ -95,6 +96,8 @@ async def test_a_start_and_each_restore_make_room_on_a_full_gpu(jp_fetch, jp_ws_
     gpu0 = report[0]
     assert [k["kernel_id"] for k in gpu0["kernels"]] == [b] and gpu0["held_by_kernels"] >= N * GiB
     assert gpu0["idle"] == gpu0["held_by_kernels"]
+    doctor_line = place_line(memory_section(gpus.list_gpus(), report, "this server", None)["places"][0])
+    assert doctor_line.startswith(f"GPU 0 ({gpu0['name']}): ") and "held by 1 kernel," in doctor_line, doctor_line
 
     timings = {"start_b": start_b}
     for name, ws, kid, other, expected in (("a", ws_a, a, b, sum_a), ("b", ws_b, b, a, sum_b)):

@@ -128,9 +128,6 @@ async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fe
     assert host["where"] == "host memory" and host["total"] == BUDGET
     assert sorted(k["kernel_id"] for k in host["kernels"]) == sorted(kids[n] for n in resident)
     assert host["idle"] == host["held_by_kernels"]  # min_resident_s 0: every idle kernel could make room
-    doctor = await fetch_json(jp_fetch, "api", "gpucr", "doctor")
-    row = next(c for c in doctor["checks"] if c["name"] == "room: host memory")
-    assert "by 3 kernels" in row["detail"] and "idle (could be made room of)" in row["detail"]
     for ws in sockets.values():
         ws.close()
     await asyncio.sleep(0)
