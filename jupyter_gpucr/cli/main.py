@@ -23,6 +23,7 @@ from ..core.group import member_log, members
 from ..core.objectstore import ObjectStore, is_url
 from ..core.openfiles import OpenFiles
 from ..core.roomreport import kernel_lines
+from ..core.sealing import load_key
 from ..core.store import ProcRecord, name_of_id
 from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
@@ -49,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpucr", description="Checkpoint and restore whole (GPU) processes.")
     p.add_argument("--store", help="checkpoint store directory (default $GPUCR_STORE or ~/.local/share/jupyter-gpucr), "
                    "or object storage (s3://bucket/prefix: checkpoint uploads, restore downloads, the default directory caches)")
+    p.add_argument("--encryption-key-file", metavar="FILE",
+                   help="with object storage: encrypt what goes into the store with the 256-bit key in FILE (AES-256-GCM; "
+                   "the user's own file, mode 0600; default $GPUCR_ENCRYPTION_KEY_FILE); restores need the same key")
     p.add_argument("--criu", help="path to the criu binary")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     # --json works before or after the subcommand (gpucr --json ls, gpucr ls --json)
@@ -156,7 +160,9 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "install-criu":
         return install(args.prefix, args.force)
     url = args.store or os.environ.get("GPUCR_STORE")
-    remote = ObjectStore(url) if url and is_url(url) else None  # then this node's default store is the cache
+    key_file = args.encryption_key_file or os.environ.get("GPUCR_ENCRYPTION_KEY_FILE")
+    key = load_key(key_file) if key_file and url and is_url(url) else None
+    remote = ObjectStore(url, key=key) if url and is_url(url) else None  # then this node's default store is the cache
     # uploaded checkpoints keep the scratch files the process holds open (the home is taken for shared)
     cr = Checkpointer(None if remote else args.store, criu_path=args.criu, open_files=OpenFiles() if remote else None)
     if args.cmd == "run":

@@ -8,6 +8,11 @@ multipart upload with several parts in flight and reads one back with ranged rea
 botocore checksums every request, which S3 checks on arrival.
 
 A server only ever lists, reads, writes and deletes below ``URL/USER/`` (:attr:`ObjectStore.root`).
+
+With a key (:mod:`.sealing`) the objects :meth:`ObjectStore.put_files` writes are sealed chunk by
+chunk as they are read, and :meth:`ObjectStore.get_files` opens each range as it arrives: the local
+files stay plaintext, the store holds only ciphertext. Sizes given and asked for are plaintext
+sizes; :meth:`ObjectStore.stored_size` is what the store lists. The JSON records stay plaintext.
 """
 from __future__ import annotations
 
@@ -16,17 +21,21 @@ import json
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .errors import GPUCRError
+from .sealing import StoreKey, sealed_range, sealed_size
 
 #: Files uploaded or downloaded at once (each large one in several parts besides).
 STREAMS = 8
-#: Bytes one ranged read of a download asks for.
+#: Bytes one ranged read of a download asks for (whole sealed chunks: a multiple of sealing.CHUNK).
 CHUNK = 32 << 20
 #: How long a connection to the store may take before the store counts as unreachable.
 CONNECT_TIMEOUT_S = 5
+#: Plaintext bytes per part of a sealed multipart upload (S3 allows 10,000 parts; larger files get larger parts).
+PART = 32 << 20
+MAX_PARTS = 10_000
 
 
 class ObjectStoreError(GPUCRError):
@@ -58,9 +67,11 @@ def _defaults(protocol: str) -> dict[str, Any]:
 
 
 class ObjectStore:
-    """One user's prefix in an object store; keys are relative to it."""
+    """One user's prefix in an object store; keys are relative to it. ``key``: seal every object
+    :meth:`put_files` writes with it (and open those :meth:`get_files` reads)."""
 
-    def __init__(self, url: str, options: dict[str, Any] | None = None, user: str | None = None) -> None:
+    def __init__(self, url: str, options: dict[str, Any] | None = None, user: str | None = None,
+                 key: StoreKey | None = None) -> None:
         import fsspec
 
         self.url = url.rstrip("/")
@@ -72,12 +83,33 @@ class ObjectStore:
                                    "Install the object store support: pip install 'jupyter-gpucr[s3]' (s3fs, gcsfs).") from e
         self.user = user or user_name()
         self.root = f"{base.rstrip('/')}/{self.user}"
+        self.key = key
 
     def __repr__(self) -> str:
         return f"{self.url}/{self.user}"
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key.lstrip('/')}"
+
+    # -- sealing ----------------------------------------------------------------------------
+    def sealed_name(self, key: str) -> str:
+        """The name an object is sealed under: below the store's URL, so that a copy in another
+        user's prefix does not open."""
+        return f"{self.user}/{key.lstrip('/')}"
+
+    def stored_size(self, size: int) -> int:
+        """What the store lists for an object of ``size`` plaintext bytes."""
+        return size if self.key is None else sealed_size(size)
+
+    def stored_bytes(self, key: str, read: Callable[[int, int], bytes], start: int, end: int, final: bool) -> bytes:
+        """What goes into the store for plaintext [start, end) of the object at ``key`` (``read(offset,
+        length)`` gives it): those bytes, or sealed (see :meth:`.sealing.StoreKey.seal_span`)."""
+        if self.key is not None:
+            return self.key.seal_span(self.sealed_name(key), read, start, end, final)
+        data = read(start, end - start)
+        if len(data) != end - start:
+            raise OSError(f"{key}: {len(data)} bytes read at {start}, {end - start} expected")
+        return data
 
     def _failed(self, what: str, e: BaseException) -> ObjectStoreError:
         """Say which store, what was being done, and the store's own words (a refused key, a
@@ -113,43 +145,116 @@ class ObjectStore:
         """Upload each (local file, key), :data:`STREAMS` files at once, large ones in parallel parts."""
         if not pairs:
             return
+        if self.key is not None:
+            self._put_sealed(pairs, progress)
+            return
         try:
             self.fs.put([p[0] for p in pairs], [self.path(p[1]) for p in pairs], batch_size=STREAMS,
                         callback=_counted(progress))
         except BaseException as e:
             raise self._failed("uploading", e) from e
 
+    def _put_sealed(self, pairs: Sequence[tuple[str, str]], progress: Callable[[int], None] | None) -> None:
+        """Seal each file in parts as it is read, :data:`STREAMS` parts at once across all files: on S3
+        a large file is a multipart upload of sealed parts, elsewhere (and for one part) a stream."""
+        done = _Added(progress)
+        uploads: list[tuple[str, str, list[Future[dict[str, Any]]]]] = []  # (key, upload id, parts) on S3
+        pool = ThreadPoolExecutor(STREAMS, thread_name_prefix="gpucr-upload")
+        try:
+            streams = []
+            for local, key in pairs:
+                spans = _spans(os.path.getsize(local))
+                if len(spans) == 1 or not self.is_s3:
+                    streams.append(pool.submit(self._put_stream, local, key, spans, done))
+                    continue
+                upload_id = self.call_s3("create_multipart_upload", key)["UploadId"]
+                uploads.append((key, upload_id, [pool.submit(self._put_part, local, key, upload_id, number, span, done)
+                                                 for number, span in enumerate(spans, 1)]))
+            for stream in streams:
+                stream.result()
+            while uploads:
+                key, upload_id, parts = uploads[0]
+                self.call_s3("complete_multipart_upload", key, UploadId=upload_id,
+                             MultipartUpload={"Parts": [p.result() for p in parts]})
+                uploads.pop(0)
+        except BaseException as e:
+            pool.shutdown(wait=True, cancel_futures=True)  # no part is sent after its upload is aborted
+            for key, upload_id, _ in uploads:  # incomplete uploads cost storage
+                try:
+                    self.call_s3("abort_multipart_upload", key, UploadId=upload_id)
+                except Exception:
+                    pass
+            if isinstance(e, GPUCRError):
+                raise
+            raise self._failed("uploading", e) from e
+        finally:
+            pool.shutdown(wait=True)
+
+    def call_s3(self, method: str, key: str, **kwargs: Any) -> Any:
+        """One call of S3's API on the object at ``key`` (an S3 store only)."""
+        bucket, path, _ = self.fs.split_path(self.path(key))
+        return self.fs.call_s3(method, Bucket=bucket, Key=path, **kwargs)
+
+    def _put_stream(self, local: str, key: str, spans: list[tuple[int, int, bool]], done: _Added) -> None:
+        fd = os.open(local, os.O_RDONLY)
+        try:
+            with self.fs.open(self.path(key), "wb") as out:
+                for start, end, final in spans:
+                    out.write(self.stored_bytes(key, lambda at, n: os.pread(fd, n, at), start, end, final))
+                    done.add(end - start)
+        finally:
+            os.close(fd)
+
+    def _put_part(self, local: str, key: str, upload_id: str, number: int, span: tuple[int, int, bool],
+                  done: _Added) -> dict[str, Any]:
+        start, end, final = span
+        fd = os.open(local, os.O_RDONLY)
+        try:
+            data = self.stored_bytes(key, lambda at, n: os.pread(fd, n, at), start, end, final)
+        finally:
+            os.close(fd)
+        reply = self.call_s3("upload_part", key, UploadId=upload_id, PartNumber=number, Body=data)
+        done.add(end - start)
+        return {"PartNumber": number, "ETag": reply["ETag"]}
+
     def get_files(self, pairs: Sequence[tuple[str, str, int]], progress: Callable[[int], None] | None = None) -> None:
         """Download each (key, local file, size) as ranged reads of :data:`CHUNK` bytes, :data:`STREAMS` at
-        once across all files, each written in place as it arrives."""
-        ranges = [(key, local, start, min(size, start + CHUNK)) for key, local, size in pairs
+        once across all files, each written in place as it arrives (opened first when sealed)."""
+        ranges = [(key, local, start, min(size, start + CHUNK), size) for key, local, size in pairs
                   for start in range(0, max(size, 1), CHUNK)]
-        lock, done = threading.Lock(), [0]
+        done = _Added(progress)
         fds = {}
         try:
             for _key, local, size in pairs:
                 fds[local] = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 os.ftruncate(fds[local], size)
 
-            def one(r: tuple[str, str, int, int]) -> None:
-                key, local, start, end = r
-                data = self.fs.cat_file(self.path(key), start=start, end=end) if end > start else b""
-                if len(data) != end - start:
-                    raise OSError(f"{key}: {len(data)} bytes came back for bytes {start}-{end}")
+            def one(r: tuple[str, str, int, int, int]) -> None:
+                key, local, start, end, size = r
+                data = self._read_range(key, start, end, size)
                 os.pwrite(fds[local], data, start)
-                if progress is not None:
-                    with lock:
-                        done[0] += len(data)
-                        total = done[0]
-                    progress(total)
+                done.add(len(data))
 
             with ThreadPoolExecutor(STREAMS, thread_name_prefix="gpucr-download") as pool:
                 list(pool.map(one, ranges))
+        except GPUCRError:
+            raise
         except BaseException as e:
             raise self._failed("downloading", e) from e
         finally:
             for fd in fds.values():
                 os.close(fd)
+
+    def _read_range(self, key: str, start: int, end: int, size: int) -> bytes:
+        """Plaintext [start, end) of the object at ``key`` (``size`` plaintext bytes)."""
+        if self.key is None:
+            data = self.fs.cat_file(self.path(key), start=start, end=end) if end > start else b""
+            if len(data) != end - start:
+                raise OSError(f"{key}: {len(data)} bytes came back for bytes {start}-{end}")
+            return data
+        first, last = sealed_range(start, end, size)
+        data = self.fs.cat_file(self.path(key), start=first, end=last)
+        return self.key.open_span(self.sealed_name(key), data, start, end, size, where=f"{self!r}/{key}")
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """Every object below ``prefix`` (keys relative to it) and its size, as the store reports it."""
@@ -237,10 +342,9 @@ class ObjectStore:
                 return None
             self.write_json(key, value)
             return hashlib.sha256(data).hexdigest()
-        bucket, path, _ = self.fs.split_path(self.path(key))
         condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
         try:
-            reply = self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, **condition)
+            reply = self.call_s3("put_object", key, Body=data, **condition)
         except BaseException as e:
             if _precondition_failed(e) or (etag is not None and isinstance(e, FileNotFoundError)):
                 return None
@@ -261,6 +365,26 @@ def _precondition_failed(e: BaseException) -> bool:
     turns S3's 412 into an OSError with its own words; the cause keeps botocore's code)."""
     said = f"{e} {e.__cause__}"
     return any(w in said for w in ("PreconditionFailed", "412", "pre-conditions", "ConditionalRequestConflict"))
+
+
+def _spans(size: int) -> list[tuple[int, int, bool]]:
+    """A file of ``size`` bytes as (start, end, last) parts of :data:`PART` bytes or more, whole chunks each."""
+    part = max(PART, -(-size // (MAX_PARTS - 1) // PART) * PART)
+    return [(start, min(size, start + part), start + part >= size) for start in range(0, max(size, 1), part)]
+
+
+class _Added:
+    """Bytes done, added up across threads, each new total reported."""
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self.progress, self.total, self.lock = progress, 0, threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.total += n
+            total = self.total
+        if self.progress is not None:
+            self.progress(total)
 
 
 def _counted(progress: Callable[[int], None] | None) -> Any:

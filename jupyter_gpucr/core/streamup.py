@@ -12,6 +12,10 @@ Why not inotify's ``IN_CLOSE_WRITE``: the file that matters, a process's pages, 
 the end of the dump, so close events would start its upload no earlier than now; its growth is
 what there is to follow. The folder is looked at every 50 ms.
 
+With an encryption key each part is sealed as it is read (a part is whole chunks; the first
+carries the header), and every file ends with a last part holding its final chunk, even when the
+file ends on a part's boundary.
+
 S3 only (multipart uploads through s3fs's client); other stores upload after the commit.
 """
 from __future__ import annotations
@@ -79,11 +83,7 @@ class StreamingUpload:
 
     # -- the watcher -------------------------------------------------------------------------
     def _key(self, rel: str) -> str:
-        return self.remote.path(f"{self.base}/checkpoint/images/{rel}")
-
-    def _s3(self, method: str, **kwargs: Any) -> Any:
-        bucket, key, _ = self.remote.fs.split_path(kwargs.pop("path"))
-        return self.remote.fs.call_s3(method, Bucket=bucket, Key=key, **kwargs)
+        return f"{self.base}/checkpoint/images/{rel}"
 
     def _open_new(self) -> None:
         with self._opening:
@@ -121,17 +121,18 @@ class StreamingUpload:
         size = os.fstat(f.fd).st_size
         while size - f.queued >= PART and len(f.parts) < MAX_PARTS - 1 and not self._aborted.is_set():
             if f.upload_id is None:
-                f.upload_id = self._s3("create_multipart_upload", path=self._key(f.rel))["UploadId"]
+                f.upload_id = self.remote.call_s3("create_multipart_upload", self._key(f.rel))["UploadId"]
             self._slots.acquire()
-            f.parts.append(self._pool.submit(self._part, f, len(f.parts) + 1, f.queued, PART))
+            f.parts.append(self._pool.submit(self._part, f, len(f.parts) + 1, f.queued, f.queued + PART, False))
             f.queued += PART
 
-    def _part(self, f: _File, number: int, offset: int, length: int) -> dict[str, Any]:
+    def _read(self, f: _File, offset: int, end: int, final: bool) -> bytes:
+        return self.remote.stored_bytes(self._key(f.rel), lambda at, n: os.pread(f.fd, n, at), offset, end, final)
+
+    def _part(self, f: _File, number: int, offset: int, end: int, final: bool) -> dict[str, Any]:
         try:
-            data = os.pread(f.fd, length, offset)
-            if len(data) != length:
-                raise OSError(f"{f.rel}: {len(data)} bytes read at {offset}, {length} expected")
-            reply = self._s3("upload_part", path=self._key(f.rel), UploadId=f.upload_id, PartNumber=number, Body=data)
+            data = self._read(f, offset, end, final)
+            reply = self.remote.call_s3("upload_part", self._key(f.rel), UploadId=f.upload_id, PartNumber=number, Body=data)
             return {"PartNumber": number, "ETag": reply["ETag"]}
         finally:
             self._slots.release()
@@ -144,9 +145,9 @@ class StreamingUpload:
             size = os.fstat(f.fd).st_size
             if f.upload_id is None:
                 wholes[f.rel] = self._pool.submit(self._whole, f, size)
-            elif size > f.queued:
+            elif size > f.queued or self.remote.key is not None:  # a sealed file's last chunk may hold nothing
                 self._slots.acquire()
-                f.parts.append(self._pool.submit(self._part, f, len(f.parts) + 1, f.queued, size - f.queued))
+                f.parts.append(self._pool.submit(self._part, f, len(f.parts) + 1, f.queued, size, True))
                 f.queued = size
         done = {}
         for f in self._files.values():
@@ -154,7 +155,7 @@ class StreamingUpload:
                 continue
             try:
                 parts = [p.result() for p in f.parts]
-                self._s3("complete_multipart_upload", path=self._key(f.rel), UploadId=f.upload_id,
+                self.remote.call_s3("complete_multipart_upload", self._key(f.rel), UploadId=f.upload_id,
                          MultipartUpload={"Parts": parts})
                 done[f"checkpoint/images/{f.rel}"] = f.queued
             except Exception:
@@ -167,12 +168,12 @@ class StreamingUpload:
         return done
 
     def _whole(self, f: _File, size: int) -> int:
-        self._s3("put_object", path=self._key(f.rel), Body=os.pread(f.fd, size, 0) if size else b"")
+        self.remote.call_s3("put_object", self._key(f.rel), Body=self._read(f, 0, size, True))
         return size
 
     def _abort(self, f: _File) -> None:
         try:
-            self._s3("abort_multipart_upload", path=self._key(f.rel), UploadId=f.upload_id)
+            self.remote.call_s3("abort_multipart_upload", self._key(f.rel), UploadId=f.upload_id)
         except Exception:
             pass
         f.upload_id = None

@@ -9,6 +9,13 @@ Below the user's prefix (:class:`.objectstore.ObjectStore`)::
     NAME/lease.json          the node that restored NAME and runs it, and its last heartbeat; created
                              only if absent, taken over (If-Match) once its heartbeat is too old
 
+With an encryption key (``ObjectStore.key``) every object below ``checkpoint/`` and ``proc/`` is
+sealed (:mod:`.sealing`); ``complete.json`` stays plaintext, for listing and pruning without the key,
+and holds its copy of the manifest sealed (``manifest_sealed``) and how the checkpoint was sealed
+(``encryption``: the key's id), so a restore with another key, or none, says so before downloading.
+Its ``objects`` are plaintext sizes; the store lists each one's :meth:`~.ObjectStore.stored_size`.
+The leases and ``uploading.json`` name nodes and times only, and stay plaintext.
+
 Locally ``checkpoints/ID/upload.json`` says ``pending`` until ``complete.json`` is written, so a
 server killed mid-upload redoes it at its next start from the copy it kept. Only checkpoints with a
 ``complete.json`` are listed or downloaded; the newest one of a name is the one that counts.
@@ -30,7 +37,8 @@ from .files import make_private_dir, tighten_permissions
 from .images import read_image
 from .jsonfile import read_json, write_json_atomic
 from .objectstore import ObjectStore, ObjectStoreError
-from .store import Checkpoint, ProcRecord, Store, read_manifest
+from .sealing import check_sealed_with
+from .store import Checkpoint, Manifest, ProcRecord, Store, read_manifest
 from .streamup import StreamingUpload
 
 MARKER = "upload.json"
@@ -90,14 +98,17 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
     remote.put_files([(local, f"{base}/{key}") for local, key in todo],
                      (lambda done: progress(before + done, total)) if progress else None)
     there = remote.sizes(base)
-    wrong = [f"{key} ({there.get(key, 'no')} bytes in the store, {size} here)" for key, size in sizes.items()
-             if there.get(key) != size]
+    wrong = [f"{key} ({there.get(key, 'no')} bytes in the store, {remote.stored_size(size)} expected)"
+             for key, size in sizes.items() if there.get(key) != remote.stored_size(size)]
     if wrong:
         raise ObjectStoreError(f"The upload of checkpoint {ckpt.id} to {remote!r} is incomplete: {'; '.join(wrong[:5])}.",
                                "The checkpoint is kept on this node's disk; the upload is redone at the next server start.")
+    manifest: dict[str, Any] = {"manifest": ckpt.manifest} if remote.key is None else {
+        "encryption": remote.key.record(),
+        "manifest_sealed": remote.key.seal_json(remote.sealed_name(f"{base}/{COMPLETE}"), ckpt.manifest)}
     remote.write_json(f"{base}/{COMPLETE}", {
         "id": ckpt.id, "name": name, "created": ckpt.created, "size": ckpt.size, "bytes": total, "objects": sizes,
-        "manifest": ckpt.manifest, "proc_dir": str(proc_dir), "node": node_id(store), "uploaded_at": time.time()})
+        **manifest, "proc_dir": str(proc_dir), "node": node_id(store), "uploaded_at": time.time()})
     remote.delete(f"{base}/{UPLOADING}")
     write_json_atomic(ckpt.path / MARKER, {"state": "done", "store": repr(remote), "at": time.time()})
     for old in completed(remote, name)[:-max(keep_last, 1)]:
@@ -127,16 +138,33 @@ def kernels(remote: ObjectStore) -> dict[str, dict[str, Any]]:
     return out
 
 
+def check_readable(remote: ObjectStore, complete: dict[str, Any]) -> None:
+    """Raise :class:`.sealing.KeyMismatchError` when the store's key (or its lack) does not open
+    this checkpoint: sealed with another key, sealed while no key is set, or not sealed while one is."""
+    check_sealed_with(remote.key, complete.get("encryption"),
+                      f"Checkpoint {complete.get('id')} of {complete.get('name')} in {remote!r}")
+
+
+def manifest_of(remote: ObjectStore, complete: dict[str, Any]) -> Manifest:
+    """The checkpoint's manifest as ``complete.json`` holds it (opened when sealed)."""
+    check_readable(remote, complete)
+    if remote.key is None:
+        return cast(Manifest, complete["manifest"])
+    key = f"{complete['name']}/{complete['id']}/{COMPLETE}"
+    return cast(Manifest, remote.key.open_json(remote.sealed_name(key), complete["manifest_sealed"], f"{remote!r}/{key}"))
+
+
 def download(remote: ObjectStore, store: Store, complete: dict[str, Any], progress: Progress | None = None) -> Checkpoint:
     """Bring a durable checkpoint and its process's files into the local store (ranged reads in
-    parallel), checked against the sizes ``complete.json`` lists and, at restore, the manifest's
-    digests. The process record is rewritten for this node: suspended in that checkpoint, and
-    where the process's folder was on the node that made it (``moved_from``), so the restore
-    hands the process its files here."""
+    parallel; each chunk authenticated as it arrives when sealed), checked against the sizes
+    ``complete.json`` lists and, at restore, the manifest's digests. The process record is
+    rewritten for this node: suspended in that checkpoint, and where the process's folder was on
+    the node that made it (``moved_from``), so the restore hands the process its files here."""
     name, cid = complete["name"], complete["id"]
     final = store.checkpoints_root / cid
     proc_dir = store.proc_dir(name)
     if not final.is_dir():
+        check_readable(remote, complete)  # before anything here is touched
         tmp = make_private_dir(store.checkpoints_root / f".tmp-{cid}")
         objects: dict[str, int] = complete["objects"]
         pairs = []

@@ -14,12 +14,14 @@ from tornado.ioloop import PeriodicCallback
 from traitlets.utils.importstring import import_item
 
 from ..core import cuda
+from ..core.errors import GPUCRError
 from .backend import choose_backend
 from .config import GPUCR
 from .fork import fork_handlers
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness
+from .remote import remote_url, store_key
 from .room_handlers import room_handlers
 from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
@@ -50,6 +52,7 @@ class GPUCRApp(ExtensionApp):
         serverapp.kernel_manager_class = GPUCRMappingKernelManager
         serverapp.kernel_websocket_connection_class = GPUCRWebsocketConnection
         config = GPUCR(parent=serverapp)
+        self._check_encryption_key(config)
         # Without a backend the gpucr provisioner could not start a kernel here (unshare needs privileges).
         if config.checkpointable_kernels and choose_backend(config).kind != "none":
             serverapp.config.KernelProvisionerFactory.default_provisioner_name = PROVISIONER
@@ -71,6 +74,21 @@ class GPUCRApp(ExtensionApp):
         self.readiness = Readiness(self.serverapp.base_url)
         self.readiness.hold_requests(self.serverapp.web_app)
         self.serverapp.io_loop.add_callback(self.readiness.open_after, self.service.relist_at_start, self.log)
+
+    def _check_encryption_key(self, config: GPUCR) -> None:
+        """A key file that is missing or open to others stops the server, rather than kernels being
+        uploaded unencrypted or not at all."""
+        if not config.encryption_key_file:
+            return
+        if not remote_url(config):
+            self.log.warning("gpucr: c.GPUCR.encryption_key_file encrypts what goes into object storage; the store %s "
+                             "is a directory, whose checkpoints stay plaintext (0600 files in 0700 folders: protect "
+                             "the disk).", config.store or "(default)")
+            return
+        try:
+            store_key(config)
+        except GPUCRError as e:
+            self._refuse(e.message, e.hint)
 
     def _refuse(self, message: str, hint: str) -> None:
         """Stop the server rather than run kernels gpucr cannot see (a silent half-install)."""
@@ -134,6 +152,7 @@ class GPUCRApp(ExtensionApp):
         if self.service is None:
             return
         self.service.stopping = True
+        await self.service.warm.drop_all()  # processes started ahead of restores: their kernels stay on disk
         if not self.service.options.suspend_on_stop:
             return
         failures = await self.service.suspend_all("server-stop")

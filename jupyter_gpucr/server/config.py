@@ -28,6 +28,19 @@ class GPUCR(Configurable):
         help="Options of the object store (fsspec's storage_options: for s3, e.g. {'endpoint_url': ..., 'key': ..., "
         "'secret': ..., 'profile': ...}). Empty: the standard AWS_* variables (AWS_ENDPOINT_URL included) and profiles.",
     )
+    encryption_key_file = Unicode(
+        help="With object storage: a file holding a 256-bit key (32 raw bytes, 64 hex digits or base64; the user's "
+        "own, mode 0600 or 0400) with which every object holding a process (images, process files, offloaded tensors, "
+        "the manifest) is encrypted before it leaves the node (AES-256-GCM, chunked, each chunk bound to its object "
+        "and place); only the leases and upload records stay plaintext. Every node restoring the checkpoints needs the "
+        "same key; the local copies in cache_dir stay plaintext. Make one with "
+        "'(umask 077; head -c 32 /dev/urandom > KEYFILE)'. Empty: $GPUCR_ENCRYPTION_KEY_FILE, else no encryption.",
+    ).tag(config=True)
+
+    @default("encryption_key_file")
+    def _encryption_key_file_default(self) -> str:
+        return os.environ.get("GPUCR_ENCRYPTION_KEY_FILE", "")
+
     cache_dir = Unicode(
         "", config=True,
         help="With object storage: this node's directory for checkpoints being uploaded or downloaded (the local copy "

@@ -8,7 +8,8 @@ downloads its newest checkpoint when this node does not have it; while the node 
 a heartbeat renews the lease, and a lease left unrenewed for ``c.GPUCR.lease_timeout_s`` (a lost
 node) is taken over. With S3 the upload begins while CRIU writes the images (``core/streamup.py``).
 At start, uploads an earlier server left unfinished are redone and the kernels other nodes left
-in the store are listed.
+in the store are listed. With ``c.GPUCR.encryption_key_file`` every object holding the process
+is sealed with that key before it leaves the node (``core/sealing.py``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..core import upload
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError
 from ..core.objectstore import ObjectStore, is_url
+from ..core.sealing import StoreKey, load_key
 from ..core.store import Checkpoint, Manifest, Store
 from ..core.streamup import StreamingUpload
 from .config import GPUCR
@@ -33,6 +35,18 @@ def remote_url(config: GPUCR) -> str | None:
     """The object store's URL when ``c.GPUCR.store`` (else ``$GPUCR_STORE``) is one."""
     url = config.store or os.environ.get("GPUCR_STORE", "")
     return url if is_url(url) else None
+
+
+def store_key(config: GPUCR) -> StoreKey | None:
+    """The key objects are sealed with (``c.GPUCR.encryption_key_file``); None without one.
+    Raises :class:`.sealing.EncryptionKeyError` for a file that is missing, open to others or no key."""
+    return load_key(config.encryption_key_file) if config.encryption_key_file else None
+
+
+def connect(config: GPUCR) -> ObjectStore | None:
+    """The object store ``c.GPUCR.store`` names, with its options and key; None for a directory."""
+    url = remote_url(config)
+    return ObjectStore(url, config.store_options, key=store_key(config)) if url else None
 
 
 def local_root(config: GPUCR) -> str | None:
@@ -197,8 +211,14 @@ class RemoteKernels:
             self.log.error("gpucr: the kernels in %r are not listed: %s %s", self.remote, e.message, e.hint)
             return
         for name, complete in found.items():
-            manifest: Manifest = complete["manifest"]
-            if name in listed or not manifest.get("kernel"):
+            if name in listed:
+                continue
+            try:
+                manifest: Manifest = upload.manifest_of(self.remote, complete)
+            except GPUCRError as e:
+                self.log.error("gpucr: kernel %s in %r is not listed: %s %s", name, self.remote, e.message, e.hint)
+                continue
+            if not manifest.get("kernel"):
                 continue
             if not self.store.has_proc(name):
                 self.store.write_proc(name, {"name": name, "state": "checkpointed", "pid": None, "checkpoint": complete["id"],

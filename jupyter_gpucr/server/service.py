@@ -23,7 +23,6 @@ from jupyter_core.utils import ensure_async
 from ..core import gpus
 from ..core.backend import CheckpointBackend
 from ..core.errors import EngineError, GPUCRError, NotFoundError, StateError
-from ..core.objectstore import ObjectStore
 from ..core.procs import tree
 from ..core.store import Checkpoint, Store
 from ..core.writeback import WritebackWhileWriting
@@ -37,7 +36,7 @@ from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, UPLOA
 from .prefetch import Prefetcher
 from .preparation import SavedReplies
 from .relist import Relister, latest
-from .remote import RemoteKernels, local_root, remote_url
+from .remote import RemoteKernels, connect, local_root
 from .room import RoomMaker
 from .trash import Trash
 
@@ -78,9 +77,9 @@ class KernelSuspender:
         self._background: set[asyncio.Task[None]] = set()
         self.stopping = False  # the server stops: kernels it shuts down stay on disk, listed at the next start
         self.room = RoomMaker(self, lifecycle.event_logger)  # suspends idle kernels for one that needs their memory
-        url = remote_url(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
-        self.remote = RemoteKernels(ObjectStore(url, config.store_options), store, lifecycle, log, config.keep_last,
-                                    config.lease_timeout_s) if url else None
+        remote = connect(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
+        self.remote = RemoteKernels(remote, store, lifecycle, log, config.keep_last,
+                                    config.lease_timeout_s) if remote else None
         if self.remote:
             self.remote.stream_from(self.checkpointer)
         self.prefetcher = Prefetcher(store, config, log)

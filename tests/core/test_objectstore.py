@@ -1,23 +1,27 @@
 """Checkpoints in object storage against a real S3 server (moto's server mode): a process
 checkpointed by one node, its local store deleted, restored by another node with another store
 directory; a damaged object named; one lease per kernel; one prefix per user; a store that is
-down said so."""
+down said so; with an encryption key, nothing of the process in the store's bytes, and a restore
+only with that key."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jupyter_gpucr.core.checkpointer import Checkpointer
 from jupyter_gpucr.core.errors import CheckpointDamagedError
 from jupyter_gpucr.core.objectstore import ObjectStore, ObjectStoreError
+from jupyter_gpucr.core.sealing import KeyMismatchError, load_key, sealed_size
 from jupyter_gpucr.core.store import Store
 from jupyter_gpucr.core.streamup import PART, StreamingUpload
-from jupyter_gpucr.core.upload import LeaseHeldError, download, kernels, latest, take_lease, upload
+from jupyter_gpucr.core.upload import LeaseHeldError, download, kernels, latest, manifest_of, take_lease, upload
 from tests.conftest import agent_command, ask, wait_for_line
 from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
 
@@ -137,3 +141,116 @@ def test_images_upload_while_criu_writes_them(criu_path, s3, tmp_path):
         assert ask(hello["port"])["checksum"] == hello["checksum"]
     finally:
         b.remove("agent", kill=True)
+
+
+def make_key(path: Path) -> Path:
+    """A key as the docs say to make one: 32 random bytes in a file only its owner reads."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, os.urandom(32))
+    os.close(fd)
+    return path
+
+
+def raw_objects(remote: ObjectStore) -> dict[str, bytes]:
+    """Every object below the user's prefix, as the store holds it."""
+    return {path: remote.fs.cat_file(path) for path in remote.fs.find(remote.root)}
+
+
+def test_sealed_checkpoint_keeps_the_process_out_of_the_store_and_restores_only_with_its_key(criu_path, s3, tmp_path):
+    node_a, node_b = Store(tmp_path / "cache-a"), Store(tmp_path / "cache-b")
+    key = load_key(make_key(tmp_path / "gpucr.key"))
+    other = load_key(make_key(tmp_path / "other.key"))
+    sealed = ObjectStore(f"s3://{BUCKET}/sealed", user="alice", key=key)
+    token = secrets.token_hex(16)  # in the process's environment and memory, and in its open file's path
+    os.environ["AGENT_FILE"] = str(tmp_path / f"counts-{token}")
+    in_memory = np.random.default_rng(7).random(24 << 17)[1 << 20:(1 << 20) + 8].tobytes()  # cpu_agent.py's array
+    a = Checkpointer(node_a)
+    a.run("agent", agent_command("cpu_agent.py", "24"))
+    hello = wait_for_line(node_a.proc_dir("agent") / "stdout.log")
+    ckpt = a.checkpoint("agent")
+    upload(sealed, node_a, ckpt)
+    plain = ObjectStore(f"s3://{BUCKET}/plain", user="alice")
+    upload(plain, node_a, ckpt)  # the same checkpoint unencrypted: the markers are where a reader would find them
+    shutil.rmtree(tmp_path / "cache-a")
+
+    assert any(token.encode() in data for data in raw_objects(plain).values())
+    assert any(in_memory in data for data in raw_objects(plain).values())
+    stored = raw_objects(sealed)
+    assert [p for p, data in stored.items() if token.encode() in data or in_memory in data] == []
+    newest = kernels(sealed)["agent"]
+    assert newest["encryption"]["key_id"] == key.id and "manifest" not in newest
+    assert manifest_of(sealed, newest)["id"] == ckpt.id
+
+    # another key, no key, a key for an unencrypted checkpoint: said before anything is downloaded
+    for remote, said in [(ObjectStore(sealed.url, user="alice", key=other), f"encrypted with another key (id {key.id})"),
+                         (ObjectStore(sealed.url, user="alice"), f"is encrypted (key id {key.id})"),
+                         (ObjectStore(plain.url, user="alice", key=key), "is not encrypted")]:
+        with pytest.raises(KeyMismatchError) as refused:
+            download(remote, node_b, kernels(remote)["agent"])
+        assert said in refused.value.message and "c.GPUCR.encryption_key_file" in refused.value.hint
+        assert not (node_b.checkpoints_root / ckpt.id).exists()
+    assert raw_objects(sealed) == stored, "the checkpoint in the store is as it was"
+
+    # one byte flipped in the store: the download names the object and keeps nothing of it
+    pages = max(newest["objects"], key=lambda k: newest["objects"][k])
+    path = sealed.path(f"agent/{ckpt.id}/{pages}")
+    damaged = bytearray(stored[path])
+    damaged[len(damaged) // 2] ^= 1
+    sealed.fs.pipe_file(path, bytes(damaged))
+    with pytest.raises(CheckpointDamagedError, match=f"agent/{ckpt.id}/{pages} is damaged or was altered"):
+        download(sealed, node_b, newest)
+    assert not (node_b.checkpoints_root / ckpt.id).exists()
+    sealed.fs.pipe_file(path, stored[path])
+
+    download(sealed, node_b, newest)
+    b = Checkpointer(node_b)
+    b.restore("agent")
+    try:
+        assert ask(hello["port"])["checksum"] == hello["checksum"], "the process has its memory back"
+    finally:
+        b.remove("agent", kill=True)
+
+
+def test_sealed_objects_stream_while_written_open_in_ranges_and_only_where_they_were_put(s3, tmp_path):
+    """Parts sealed while a file grows (one ending on a part's boundary, one small, one empty), a
+    file put in sealed parts afterwards, both read back in parallel ranges; a sealed object
+    copied to another name, or into another user's prefix, does not open there."""
+    key = load_key(make_key(tmp_path / "gpucr.key"))
+    alice = ObjectStore(f"s3://{BUCKET}/sealed-files", user="alice", key=key)
+    images = tmp_path / "images"
+    images.mkdir()
+    marker = secrets.token_bytes(32)
+    content = {"pages.img": (marker + os.urandom(PART - len(marker))) * 2, "core.img": marker * 30, "empty.img": b""}
+    with StreamingUpload(alice, "k/c1", images, "node-a") as stream:
+        for name in ("core.img", "empty.img"):
+            (images / name).write_bytes(content[name])
+        with open(images / "pages.img", "wb") as f:
+            for at in range(0, 2 * PART, 4 << 20):
+                f.write(content["pages.img"][at:at + (4 << 20)])
+                f.flush()
+                time.sleep(0.02)
+        time.sleep(0.3)  # both whole parts go out while the file is open: its last part holds only the final chunk
+    assert stream.result(60) == {f"checkpoint/images/{n}": len(data) for n, data in content.items()}
+    assert stream.during_dump == 2 * PART
+    (tmp_path / "later.img").write_bytes(content["pages.img"] + marker)
+    alice.put_files([(str(tmp_path / "later.img"), "k/c2/later.img")])  # three sealed parts, the last one short
+
+    listed = {k: size for k, size in alice.sizes("k").items() if k.endswith(".img")}
+    assert listed == {**{f"c1/checkpoint/images/{n}": sealed_size(len(d)) for n, d in content.items()},
+                      "c2/later.img": sealed_size(2 * PART + len(marker))}
+    assert [p for p, data in raw_objects(alice).items() if marker in data] == []
+    back = tmp_path / "back"
+    back.mkdir()
+    alice.get_files([(f"k/c1/checkpoint/images/{n}", str(back / n), len(d)) for n, d in content.items()]
+                    + [("k/c2/later.img", str(back / "later.img"), 2 * PART + len(marker))])
+    assert {n: (back / n).read_bytes() for n in content} == content
+    assert (back / "later.img").read_bytes() == content["pages.img"] + marker
+
+    core = alice.fs.cat_file(alice.path("k/c1/checkpoint/images/core.img"))
+    alice.fs.pipe_file(alice.path("k/c1/checkpoint/images/renamed.img"), core)
+    with pytest.raises(CheckpointDamagedError, match="alice/k/c1/checkpoint/images/renamed.img is damaged"):
+        alice.get_files([("k/c1/checkpoint/images/renamed.img", str(back / "x"), len(content["core.img"]))])
+    bob = ObjectStore(alice.url, user="bob", key=key)
+    bob.fs.pipe_file(bob.path("k/c1/checkpoint/images/core.img"), core)
+    with pytest.raises(CheckpointDamagedError, match="bob/k/c1/checkpoint/images/core.img is damaged"):
+        bob.get_files([("k/c1/checkpoint/images/core.img", str(back / "x"), len(content["core.img"]))])

@@ -1,9 +1,12 @@
 """Kernels suspended into object storage (moto's S3 server on localhost) by real jupyter servers,
-each with its own node-local cache directory, as on the nodes of a JupyterHub on Kubernetes."""
+each with its own node-local cache directory, as on the nodes of a JupyterHub on Kubernetes;
+encrypted with the operator's key."""
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
+import secrets
 import shutil
 import time
 
@@ -122,3 +125,57 @@ async def test_store_down_leaves_the_kernel_running(tmp_path):
         server.proc.kill()
         server.proc.wait()
         kill_leftovers(home)
+
+
+async def test_kernel_sealed_with_the_operators_key_is_restored_on_another_node(tmp_path):
+    """A key file open to others stops the server; with the key, nothing the kernel holds is in
+    the store's bytes, and another node with the same key (from the environment) lists and restores it."""
+    criu_or_skip()
+    home, url = tmp_path / "home", f"s3://{BUCKET}/sealed-kernels"
+    key = tmp_path / "gpucr.key"
+    key.write_bytes(os.urandom(32))
+    token = secrets.token_hex(16)
+    servers: list[Served] = []
+    with moto_server(tmp_path / "moto.log") as endpoint:
+        env = aws_env(endpoint)
+
+        def node(cache: str, *options: str, **extra: str) -> Served:
+            servers.append(Served("server", home, url, f"--GPUCR.cache_dir={tmp_path / cache}", *options,
+                                  env={**env, **extra}))
+            return servers[-1]
+
+        try:
+            key.chmod(0o644)
+            refused = node("cache-a", f"--GPUCR.encryption_key_file={key}")
+            assert refused.proc.wait(60) != 0
+            assert f"{key} is open to other users (mode 0644). chmod 600 {key}" in refused.log.read_text()
+            key.chmod(0o600)
+
+            a = node("cache-a", f"--GPUCR.encryption_key_file={key}")
+            await a.wait_ready()
+            kid = await a.start_kernel()
+            ws = await a.ws(kid)
+            await execute(ws, f"secret = '{token}'[::-1]")
+            ws.close()
+            await a.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            await a.wait_state(kid, "suspended", timeout=120)
+            assert a.stop() == 0
+            with environ(env):
+                store = ObjectStore(url, user=None)
+                stored = {p: store.fs.cat_file(p) for p in store.fs.find(store.root)}
+            assert [p for p, data in stored.items() if p.endswith(".img")], "the images are in the store"
+            assert [p for p, data in stored.items() if token.encode() in data or token[::-1].encode() in data] == []
+
+            b = node("cache-b", GPUCR_ENCRYPTION_KEY_FILE=str(key))
+            await b.wait_ready()
+            await wait_listed(b, kid)
+            ws = await b.ws(kid)
+            _, out, _ = await execute(ws, "print(secret[::-1])")
+            ws.close()
+            assert out.strip() == token
+        finally:
+            for s in servers:
+                if s.proc.poll() is None:
+                    s.proc.kill()
+                    s.proc.wait()
+            kill_leftovers(home)
