@@ -123,6 +123,15 @@ def kernel_processes(kernel_id: str) -> list[psutil.Process]:
     return found
 
 
+def kill_all(servers: list[Served], root: Path) -> None:
+    """After a test with several servers: kill those still running, then what they left under ``root``."""
+    for s in servers:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+    kill_leftovers(root)
+
+
 def kill_leftovers(root: Path) -> None:
     """Kill what a failed test left running under ``root`` (kernels whose connection file lives there)."""
     for p in psutil.process_iter(["cmdline"]):

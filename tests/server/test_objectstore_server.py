@@ -14,7 +14,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core.objectstore import ObjectStore
-from tests.agent_servers import Served, kill_leftovers
+from tests.agent_servers import Served, kill_all
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute, saved_history
 from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
@@ -97,11 +97,7 @@ async def test_suspended_to_s3_killed_mid_upload_restored_on_another_node(tmp_pa
                               if cid != "lease.json"), key=lambda c: c["created"])
                 assert newest["node"].endswith("cache-b") and store.read_json(f"{kid}/lease.json") is None
         finally:
-            for s in servers:
-                if s.proc.poll() is None:
-                    s.proc.kill()
-                    s.proc.wait()
-            kill_leftovers(home)
+            kill_all(servers, home)
 
 
 async def test_store_down_leaves_the_kernel_running(tmp_path):
@@ -122,9 +118,7 @@ async def test_store_down_leaves_the_kernel_running(tmp_path):
         assert out.strip() == "42" and await server.state(kid) == "running"
         ws.close()
     finally:
-        server.proc.kill()
-        server.proc.wait()
-        kill_leftovers(home)
+        kill_all([server], home)
 
 
 async def test_kernel_sealed_with_the_operators_key_is_restored_on_another_node(tmp_path):
@@ -174,8 +168,4 @@ async def test_kernel_sealed_with_the_operators_key_is_restored_on_another_node(
             ws.close()
             assert out.strip() == token
         finally:
-            for s in servers:
-                if s.proc.poll() is None:
-                    s.proc.kill()
-                    s.proc.wait()
-            kill_leftovers(home)
+            kill_all(servers, home)

@@ -13,7 +13,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core.objectstore import ObjectStore
-from tests.agent_servers import Served, kernel_processes, kill_leftovers
+from tests.agent_servers import Served, kernel_processes, kill_all
 from tests.conftest import criu_or_skip
 from tests.cpuinfo import missing_here, with_feature
 from tests.kernel_ws import execute
@@ -81,11 +81,7 @@ async def test_a_node_that_cannot_run_the_image_restores_the_saved_variables(tmp
             assert st["warnings"][0].startswith("Restored from the variables saved at the suspend, not the whole process")
             assert b.stop() == 0
         finally:
-            for s in servers:
-                if s.proc.poll() is None:
-                    s.proc.kill()
-                    s.proc.wait()
-            kill_leftovers(home)
+            kill_all(servers, home)
 
 
 async def test_a_lost_nodes_lease_expires_and_another_node_takes_the_kernel_over(tmp_path):
@@ -148,8 +144,4 @@ async def test_a_lost_nodes_lease_expires_and_another_node_takes_the_kernel_over
             assert lease is not None and lease["node"].endswith("cache-b")
             assert b.stop() == 0
         finally:
-            for s in servers:
-                if s.proc.poll() is None:
-                    s.proc.kill()
-                    s.proc.wait()
-            kill_leftovers(home)
+            kill_all(servers, home)
