@@ -154,6 +154,15 @@ class GPUCR(Configurable):
         "into the page cache in the background (idle I/O priority), so that a restore that follows reads memory "
         "rather than disk. Never restores the kernel.",
     )
+    warm_start_timeout_s = Float(
+        300.0, config=True,
+        help="When a client opens a kernel the snapshot engine suspended (its notebook is opened or reconnects), "
+        "start its process in the background and have it import the modules its saved variables need, so that a "
+        "restore that follows only loads them. Until that restore the kernel stays suspended for every client. The "
+        "process is stopped when the kernel was not restored within this many seconds, and when it is shut down or "
+        "restarted, when host memory is needed for another kernel, or when the server stops. Only where the host "
+        "memory budget has room for the restore; never on a GPU. 0: off.",
+    )
     checkpointable_kernels = Bool(
         True, config=True,
         help="Launch kernels through the gpucr provisioner (own PID namespace, own log files) so that "

@@ -4,7 +4,8 @@
   :class:`~jupyter_gpucr.core.backend.CheckpointBackend` (this server's own checkpointer or the
   gpucr daemon). Needs the gpucr provisioner and checkpoint privileges.
 - :class:`SnapshotEngine`: the kernel saves its own namespace (``gpucr_hooks``); restoring starts
-  a fresh kernel under the same id and loads it. No privileges; reports what it could not keep.
+  a fresh kernel under the same id and loads it (or loads it into the kernel started when a client
+  opened it, ``warm.py``). No privileges; reports what it could not keep.
 
 The service picks one per suspend (:func:`choose_engine`) and never branches on which it got.
 """
@@ -18,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core import pagecache
 from ..core.backend import CheckpointBackend
@@ -29,6 +30,9 @@ from . import kernel_rpc
 from .backend import Backend
 from .loopstep import LoopStep
 from .provisioner import GPUCRProvisioner
+
+if TYPE_CHECKING:
+    from .warm import WarmStarts
 
 Progress = Callable[[str, int, int], None]
 Detach = Callable[[], Coroutine[Any, Any, None]]
@@ -183,6 +187,10 @@ class SnapshotEngine(SuspendEngine):
     name = "snapshot"
     label = "saved variables"
 
+    def __init__(self, checkpointer: CheckpointBackend, warm: WarmStarts | None = None) -> None:
+        super().__init__(checkpointer)
+        self.warm = warm  # kernels started ahead of their restore, to load into
+
     def problem(self, km: Any) -> str | None:
         return None
 
@@ -228,15 +236,20 @@ class SnapshotEngine(SuspendEngine):
         """A snapshot is loaded whole before its restore returns."""
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
+        """Load into the kernel started when a client opened it (``warm.py``), else into a fresh one."""
         t0 = time.perf_counter()
         progress("verifying", 0, ckpt.size)
         await asyncio.to_thread(ckpt.verify, SNAPSHOT_PAYLOAD)
-        if isinstance(km.provisioner, GPUCRProvisioner):
-            km.provisioner.suspended = False
         progress("restoring", 0, ckpt.size)
-        # jupyter_client keeps the first launch's arguments (cwd, env) only in this private
-        # attribute (checked against jupyter_client 8.10); a fresh start must reuse them.
-        await km.start_kernel(**(km._launch_args or {}))
+        t1 = time.perf_counter()
+        warm = self.warm is not None and await self.warm.take(kernel_id, ckpt)
+        if not warm:
+            if isinstance(km.provisioner, GPUCRProvisioner):
+                km.provisioner.suspended = False
+            # jupyter_client keeps the first launch's arguments (cwd, env) only in this private
+            # attribute (checked against jupyter_client 8.10); a fresh start must reuse them.
+            await km.start_kernel(**(km._launch_args or {}))
+        t2 = time.perf_counter()
         device = f"cuda:{gpu}" if str(gpu).isdigit() else None
         try:
             report = await kernel_rpc.with_client(km, kernel_rpc.load, ckpt.path / SNAPSHOT_PAYLOAD, device=device,
@@ -247,7 +260,11 @@ class SnapshotEngine(SuspendEngine):
                 km.provisioner.mark_suspended()
             raise EngineError(f"The fresh kernel could not load the saved variables: {e}",
                               "The checkpoint is kept; retry, or start a fresh kernel.") from e
-        return Resumed({"total": time.perf_counter() - t0}, report.get("lost", []), report.get("warnings", []))
+        t3 = time.perf_counter()
+        # kernel_start: launching the fresh kernel, or waiting for the warm one's imports still under way;
+        # load: the fresh kernel's own start and imports are in it, the warm one's are done
+        timings = {"verify": t1 - t0, "kernel_start": t2 - t1, "load": t3 - t2, "total": t3 - t0, "warm_start": warm}
+        return Resumed(timings, report.get("lost", []), report.get("warnings", []))
 
 
 def choose_engine(engines: dict[str, SuspendEngine], km: Any, requested: str) -> tuple[SuspendEngine, str]:

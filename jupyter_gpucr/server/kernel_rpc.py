@@ -20,8 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["HISTORY_FILE", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_suspend", "reload",
-           "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
+__all__ = ["HISTORY_FILE", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_load", "prepare_suspend",
+           "reload", "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -92,6 +92,12 @@ async def load(client: Any, path: str | os.PathLike[str], device: str | Mapping[
     if isinstance(device, Mapping):
         device = dict(device)
     return await _call(client, "snapshot_load", {"path": os.path.abspath(path), "device": device}, timeout)
+
+
+async def prepare_load(client: Any, path: str | os.PathLike[str], timeout: float | None = None) -> dict[str, Any]:
+    """Have a fresh kernel import what loading the snapshot at ``path`` will need, ahead of the load
+    (``gpucr_hooks.snapshot_prepare``); returns what it imported and what failed."""
+    return await _call(client, "snapshot_prepare", {"path": os.path.abspath(path)}, timeout)
 
 
 async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from ..core.procs import tcp_connections_to
 from . import labels
 from .config import GPUCR
 from .lifecycle import RUNNING, KernelLifecycle
+from .provisioner import GPUCRProvisioner
 from .service import KernelSuspender
 
 PROVISIONER = "gpucr-provisioner"
@@ -91,6 +92,23 @@ class GPUCRKernelManager(ServerKernelManager):
         """Stop the kernel process as the snapshot engine needs it, inside a suspend or restore
         that already holds the kernel's operation (the user-facing shutdown would wait for it)."""
         await super().shutdown_kernel(now=False, restart=True)
+
+    async def start_warm(self) -> None:
+        """Start the process of this suspended kernel ahead of its restore (:mod:`.warm`): the start a
+        snapshot restore makes, with the first launch's arguments, its id, ports and connection file,
+        but unseen: no kernel event, no room made (a warm start is made only where there is room) and
+        no restarter, which would restart a warm process that died as if the kernel had."""
+        if isinstance(self.provisioner, GPUCRProvisioner):
+            self.provisioner.suspended = False  # as for a restore's start: the process to come is the kernel
+        await super(ServerKernelManager, self).start_kernel(**(self._launch_args or {}))
+        self.stop_restarter()
+
+    async def stop_warm(self) -> None:
+        """Kill a process :meth:`start_warm` started (it holds nothing of the user's yet): the kernel
+        is on disk again as its suspend left it."""
+        await super(ServerKernelManager, self).shutdown_kernel(now=True, restart=True)
+        if isinstance(self.provisioner, GPUCRProvisioner):
+            self.provisioner.mark_suspended()
 
     async def interrupt_kernel(self) -> None:
         if not self.parent.lifecycle.is_on_disk(self.kernel_id):

@@ -223,11 +223,22 @@ class RoomMaker:
             need = int(used[0]["memory_used"]) + int(beside.get(used[0]["uuid"], 0)) + GPU_MARGIN
             needs.append(Need(need, lambda skip: self.gpu_places(used[0]["name"], used[0]["uuid"], gpu, skip)))
         if self.host_budget():
-            gpu_bytes = sum(int(u["memory_used"]) for u in used)
-            needs.append(Need(max(self.request(kernel_id), ckpt.size - gpu_bytes), self.host_places))
+            needs.append(Need(self._host_need(kernel_id, ckpt), self.host_places))
         async with self._room(kernel_id, "restore", needs) as places:
             target = next((p.target for p in places if p.target is not None), gpu)
             yield target
+
+    def host_room_for_restore(self, kernel_id: str, ckpt: Checkpoint) -> bool:
+        """Whether the host memory budget holds the restore of ``ckpt`` now without suspending any
+        kernel (no budget: it does)."""
+        if not self.host_budget():
+            return True
+        return self.host_places({kernel_id})[0].free >= self._host_need(kernel_id, ckpt)
+
+    def _host_need(self, kernel_id: str, ckpt: Checkpoint) -> int:
+        """What a restore of ``ckpt`` takes of the host memory budget: what the GPU does not hold."""
+        gpu_bytes = sum(int(u["memory_used"]) for u in ckpt.manifest.get("gpu", {}).get("used", []))
+        return max(self.request(kernel_id), ckpt.size - gpu_bytes)
 
     @contextlib.asynccontextmanager
     async def for_start(self, kernel_id: str, kernel_spec: Any) -> AsyncIterator[None]:
@@ -273,6 +284,9 @@ class RoomMaker:
                 rules = self.rules(kernel_id)
                 places = need.places({kernel_id})
                 decision = decide(need.bytes, [_without(p, tried) for p in places], rules)
+                if (decision.place is None or decision.victims) and any(p.key == "host" for p in places) \
+                        and await self.suspender.warm.drop_all(but=kernel_id):
+                    continue  # processes started ahead of restores go first: they hold nothing of the user's
                 if decision.place is None:
                     self._emit(kernel_id, why, "refused", decision, rules)
                     raise PreconditionError(decision.why, _hint(places, rules))

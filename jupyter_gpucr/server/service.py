@@ -5,7 +5,8 @@ one of the engines and leaves the connections answering from disk; a resume make
 (``room.py``), runs the engine back and reconnects. One operation per kernel runs at a time (a
 shutdown waits for a running suspend). What else happens to kernels on disk has a module of its
 own: the trash (``trash.py``), listing them again at start (``relist.py``), reading them ahead
-when a client opens one (``prefetch.py``) and object storage (``remote.py``).
+and starting a snapshot kernel's process ahead when a client opens one (``prefetch.py``,
+``warm.py``) and object storage (``remote.py``).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from .relist import Relister, latest
 from .remote import RemoteKernels, connect, local_root
 from .room import RoomMaker
 from .trash import Trash
+from .warm import WarmStarts
 
 #: How long a suspend waits for requests the kernel already received to finish.
 REPLY_GRACE_S = 2.0
@@ -68,8 +70,9 @@ class KernelSuspender:
         self.backend = choose_backend(config)
         self.checkpointer: CheckpointBackend = build_checkpointer(config, self.backend, store,
                                                                   config.max_store_bytes or _half_of_disk(store))
+        self.warm = WarmStarts(self)  # snapshot kernels started when a client opens them, ahead of their restore
         self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer, self.backend),
-                                                                       SnapshotEngine(self.checkpointer))}
+                                                                       SnapshotEngine(self.checkpointer, self.warm))}
         self.saved = SavedReplies(store)
         self._locks: dict[str, asyncio.Lock] = {}
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
@@ -153,6 +156,11 @@ class KernelSuspender:
         lock = self._locks.setdefault(kernel_id, asyncio.Lock())
         async with lock:
             yield
+
+    def busy(self, kernel_id: str) -> bool:
+        """Whether an operation on the kernel runs or waits to (a restore asked for included)."""
+        lock = self._locks.get(kernel_id)
+        return kernel_id in self._resumes or bool(lock and lock.locked())
 
     # -- suspend -------------------------------------------------------------------------
     async def suspend_idle_kernels(self) -> None:
@@ -419,13 +427,16 @@ class KernelSuspender:
         self.kernel_manager.settle_connections(kernel_id)
 
     def prefetch(self, kernel_id: str) -> None:
-        """A client opened a suspended kernel: read its checkpoint ahead (see ``prefetch.py``)."""
+        """A client opened a suspended kernel: read its checkpoint ahead (see ``prefetch.py``), and
+        start a snapshot kernel's process ahead of its restore (``warm.py``)."""
         self.prefetcher.opened(kernel_id)
+        self.warm.opened(kernel_id)
 
     # -- shutdown, restart and the trash -----------------------------------------------------
     async def shelve(self, kernel_id: str, reason: str) -> None:
         """The user shut down or restarted a kernel that is on disk: keep its checkpoint in
         the trash (not when the server stops: then it stays listed for the next start)."""
+        await self.warm.drop(kernel_id)
         st = self.lifecycle.get(kernel_id)
         path = await self._notebook_path(kernel_id) or st.notebook_path
         self._forget(kernel_id)

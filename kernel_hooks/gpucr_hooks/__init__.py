@@ -14,11 +14,11 @@ from .history import reopen_history
 from .idle import load_ipython_extension, unload_ipython_extension
 from .offload import offload_tensors, reload_tensors, reload_tensors_from
 from .reseed import reseed
-from .snapshot import snapshot_load, snapshot_save
+from .snapshot import snapshot_load, snapshot_prepare, snapshot_save
 from .trim import prepare_suspend
 
 __all__ = ["load_ipython_extension", "offload_tensors", "prepare_suspend", "reload_tensors", "reload_tensors_from", "reopen_history", "reseed", "snapshot_load",
-           "snapshot_save", "unload_ipython_extension"]
+           "snapshot_prepare", "snapshot_save", "unload_ipython_extension"]
 
 _rpc.register(prepare_suspend, offload_tensors, reload_tensors, reload_tensors_from, reopen_history, snapshot_save,
-              snapshot_load)
+              snapshot_load, snapshot_prepare)

@@ -107,9 +107,7 @@ def snapshot_load(path: str, device: str | Mapping[str, str] | None = None) -> d
     """
     shell = _shell()
     root = Path(path).expanduser().absolute()
-    manifest = json.loads((root / "manifest.json").read_text())
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(f"{root} is not a {FORMAT} version {VERSION} directory")
+    manifest = _manifest(root)
     devices = DeviceMap(device)
     if manifest["python"].rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
         devices.warn(f"saved with Python {manifest['python']}, loading into {platform.python_version()}: "
@@ -139,6 +137,62 @@ def snapshot_load(path: str, device: str | Mapping[str, str] | None = None) -> d
     namespace.restore_history(shell, json.loads((root / "history.json").read_text()), outputs)
     return {"restored": list(restored), "lost": lost,
             "warnings": devices.warnings + _version_changes(manifest["packages"])}
+
+
+def snapshot_prepare(path: str) -> dict[str, Any]:
+    """Import, in a fresh kernel that is about to load the snapshot at ``path``, what its load is
+    expected to import: the packages the snapshot recorded (NumPy, PyTorch, pandas... where the
+    saving kernel had them loaded, and the package of each kept variable), the modules bound to
+    names, and the module of each saved value's type. The server calls this in a kernel it started
+    ahead of a restore, so that the restore only loads.
+
+    Binds no name in the user namespace and starts no GPU: the GPU the load puts arrays on is chosen
+    when the restore begins, and a CUDA context holds GPU memory. Returns ``{"imported": [names],
+    "failed": [{"name", "reason"}], "seconds": float}``; what fails here fails again, and is
+    reported, at load.
+    """
+    t0 = time.perf_counter()
+    manifest = _manifest(Path(path).expanduser().absolute())
+    imported: list[str] = []
+    failed: list[dict[str, str]] = []
+    for candidates in _imports(manifest):
+        try:
+            imported.append(_import_first(candidates))
+        except Exception as exc:  # any import error: reported, the others are still imported
+            failed.append({"name": candidates[0], "reason": f"{type(exc).__name__}: {exc}"})
+    return {"imported": imported, "failed": failed, "seconds": time.perf_counter() - t0}
+
+
+def _manifest(root: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((root / "manifest.json").read_text())
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(f"{root} is not a {FORMAT} version {VERSION} directory")
+    return manifest
+
+
+def _imports(manifest: dict[str, Any]) -> list[list[str]]:
+    """What a load of ``manifest`` imports, each as the names to try in turn: a type's name
+    (``torch.nn.modules.linear.Linear``, ``pkg.Outer.Inner``) does not say where its module ends."""
+    lost = {item["name"] for item in manifest["lost"]}
+    wanted = [[name] for name in [*manifest["packages"], *manifest["modules"].values()]]
+    for name, variable in manifest["variables"].items():
+        parts = variable["type"].split(".")[:-1]  # none: a builtin type, or a class of the notebook
+        if name not in lost and parts:
+            wanted.append([".".join(parts[:i]) for i in range(len(parts), 0, -1)])
+    return list({candidates[0]: candidates for candidates in wanted}.values())
+
+
+def _import_first(candidates: list[str]) -> str:
+    """Import the first of ``candidates`` that is a module; the last one's error if none is."""
+    for name in candidates[:-1]:
+        try:
+            importlib.import_module(name)
+            return name
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # the module exists; something it imports does not
+                raise
+    importlib.import_module(candidates[-1])
+    return candidates[-1]
 
 
 def _shell() -> Any:

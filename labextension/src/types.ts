@@ -135,8 +135,9 @@ export interface IKernelState {
   made_room_for?: string | null;
   /** Live versus reserved bytes reported by the kernel before a criu suspend. */
   trim?: { [key: string]: unknown } | null;
-  /** Seconds per step of the last operation, e.g. `{"total": 2.3}`. */
-  timings?: { [step: string]: number } | null;
+  /** Seconds per step of the last operation, e.g. `{"total": 2.3}`; a snapshot restore's
+   * `warm_start` says whether it loaded into the kernel started when the notebook was opened. */
+  timings?: { [step: string]: number | boolean | undefined; total?: number; warm_start?: boolean } | null;
 }
 
 /** `GET /api/gpucr/checkpoints` items. */

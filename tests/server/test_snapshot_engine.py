@@ -187,6 +187,38 @@ def test_what_cannot_be_loaded_is_reported_and_the_rest_loads(tmp_path: Path) ->
     run(scenario())
 
 
+def test_a_fresh_kernel_imports_what_the_load_needs_ahead_and_binds_nothing(tmp_path: Path) -> None:
+    """``prepare_load`` (a kernel started ahead of its restore): the packages, the modules bound to
+    names and the modules of the saved values' types are imported, no name is bound and no cell
+    counted; a module that is gone is reported, and the load after it works as in any fresh kernel."""
+    (tmp_path / "gone_tomorrow.py").write_text("class Thing:\n    pass\n")
+    target = tmp_path / "snap"
+
+    async def scenario() -> None:
+        async with kernel() as original:
+            await execute(original, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport gone_tomorrow\n"
+                                    "import numpy as np, torch\nmodel = torch.nn.Sequential(torch.nn.Linear(2, 1))\n"
+                                    "del torch")
+            saved = await snapshot.save(original, target)
+        (tmp_path / "gone_tomorrow.py").unlink()
+        async with kernel() as fresh:
+            text, count = await execute(fresh, "print(sorted(m for m in ('numpy', 'torch') if m in __import__('sys').modules))")
+            assert text == "[]\n"
+            report = await snapshot.prepare_load(fresh, target)
+            assert {"numpy", "torch", "sys", "torch.nn.modules.container"} <= set(report["imported"]), report
+            assert [f["name"] for f in report["failed"]] == ["gone_tomorrow"]
+            assert "No module named 'gone_tomorrow'" in report["failed"][0]["reason"]
+            text, after = await execute(fresh, "print(sorted(m for m in ('numpy', 'torch') if m in __import__('sys').modules),"
+                                               " [n for n in ('np', 'model', 'sys', 'torch') if n in globals()])")
+            assert text == "['numpy', 'torch'] []\n" and after == count + 1
+            loaded = await snapshot.load(fresh, target)
+            assert set(loaded["restored"]) == set(saved["kept"]) - {"gone_tomorrow"}
+            text, _ = await execute(fresh, "print(tuple(model(__import__('torch').zeros(1, 2)).shape))")
+            assert "(1, 1)" in text.splitlines()  # and IPython's note that this test's own cells took the numbers
+
+    run(scenario())
+
+
 def test_prepare_suspend_collects_garbage_and_reports_memory() -> None:
     async def scenario() -> None:
         async with kernel() as client:

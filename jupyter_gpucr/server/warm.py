@@ -1,0 +1,207 @@
+"""Starting the process of a kernel the snapshot engine suspended ahead of its restore, when a
+client opens it.
+
+A snapshot restore loads the saved variables into a fresh kernel, and most of its time is that
+kernel's start and its imports (PyTorch's alone takes seconds) before any byte is loaded. A client
+opening a suspended kernel (its notebook is opened, a page reloads: the intent the checkpoint is read
+ahead on, ``prefetch.py``) is a reason to expect the restore: the kernel's own manager starts its
+process then, under its id, with its ports and connection file, and the process imports what the
+snapshot needs (``gpucr_hooks.snapshot_prepare``). The restore then only loads.
+
+Until that restore the kernel is suspended for every client: its state, its connections (which
+answer from disk or wait, as before) and its execution state do not change, no restarter watches the
+process and only the server talks to it. One process per kernel at most. It is stopped, and the
+kernel's process record put back as its suspend left it, when the kernel was not restored within
+``c.GPUCR.warm_start_timeout_s`` of being opened, when it is shut down or restarted, when host memory
+is needed for another kernel (before any kernel is suspended for it) and when the server stops. A
+warm start is only made where the host memory budget has room for the restore, and never touches a
+GPU.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import GPUCRError
+from ..core.store import Checkpoint, ProcRecord
+from . import kernel_rpc
+from .engines import SNAPSHOT_PAYLOAD
+from .lifecycle import SUSPENDED, UPLOADING
+
+#: How long a warm kernel may take to import what its snapshot needs.
+PREPARE_TIMEOUT_S = 600.0
+
+
+@dataclass
+class _Warm:
+    """A kernel's process started ahead of its restore from checkpoint ``checkpoint_id``."""
+
+    checkpoint_id: str
+    km: Any
+    record: ProcRecord | None  # what its suspend left in the process record, put back when it stops
+    launch: asyncio.Task[None]  # never cancelled: a process being launched is stopped once it runs
+    ready: asyncio.Task[dict[str, Any]]  # the launch, then the imports: what they imported
+    expiry: asyncio.TimerHandle | None = None
+
+
+class WarmStarts:
+    """The warm processes of one server's kernels; see the module docstring."""
+
+    def __init__(self, suspender: Any) -> None:
+        self.suspender = suspender
+        self.options = suspender.options
+        self.log = suspender.log
+        self._warm: dict[str, _Warm] = {}
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+
+    # -- a client opened a suspended kernel -------------------------------------------------
+    def opened(self, kernel_id: str) -> None:
+        """Start the kernel's process ahead of its restore when it is a suspended snapshot kernel
+        with room for its restore; a kernel opened again while warm has its timeout start again."""
+        if self.options.warm_start_timeout_s <= 0 or self.suspender.stopping:
+            return
+        warm = self._warm.get(kernel_id)
+        if warm is not None:
+            self._expire_later(kernel_id, warm)
+            return
+        ckpt = self._startable(kernel_id)
+        if ckpt is None:
+            return
+        km = self.suspender.kernel_manager.get_kernel(kernel_id)
+        try:
+            record: ProcRecord | None = self.suspender.store.read_proc(kernel_id)
+        except GPUCRError:
+            record = None
+        launch = asyncio.ensure_future(km.start_warm())
+        warm = _Warm(ckpt.id, km, record, launch, asyncio.ensure_future(self._prepare(kernel_id, km, launch, ckpt)))
+        self._warm[kernel_id] = warm
+        self._expire_later(kernel_id, warm)
+
+    def _startable(self, kernel_id: str) -> Checkpoint | None:
+        """The checkpoint to start ``kernel_id`` warm for; None when it is not to be."""
+        if kernel_id in self._stopping or self.suspender.busy(kernel_id):
+            return None
+        if self.suspender.lifecycle.state_of(kernel_id) not in (SUSPENDED, UPLOADING):
+            return None
+        try:
+            ckpt = self.suspender.store.latest(kernel_id)
+        except (GPUCRError, OSError):  # damaged: its restore says so
+            return None
+        if ckpt is None or ckpt.manifest.get("engine") != "snapshot":  # whole-process kernels restore as they are
+            return None
+        if not self.suspender.room.host_room_for_restore(kernel_id, ckpt):
+            self.log.info("gpucr: kernel %s is not started ahead of its restore: the host memory budget has no room "
+                          "for it now", kernel_id)
+            return None
+        return ckpt
+
+    async def _prepare(self, kernel_id: str, km: Any, launch: asyncio.Task[None], ckpt: Checkpoint) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        await asyncio.shield(launch)
+        report: dict[str, Any] = await kernel_rpc.with_client(km, kernel_rpc.prepare_load, ckpt.path / SNAPSHOT_PAYLOAD,
+                                                              timeout=PREPARE_TIMEOUT_S)
+        self.log.info("gpucr: kernel %s was started ahead of its restore in %.2f s (a client opened it); it imported %s",
+                      kernel_id, time.perf_counter() - t0, ", ".join(report["imported"]) or "nothing")
+        for failed in report["failed"]:
+            self.log.warning("gpucr: kernel %s started ahead of its restore could not import %s: %s", kernel_id,
+                             failed["name"], failed["reason"])
+        return report
+
+    # -- the restore ------------------------------------------------------------------------
+    async def take(self, kernel_id: str, ckpt: Checkpoint) -> bool:
+        """For the restore of ``ckpt`` (under the kernel's operation): True when the kernel's warm
+        process is there to load into, up with its imports done (waited for when under way), and the
+        room a fresh start makes (its declared memory) is made. False when there is none: one that
+        is not of this checkpoint, died or failed is stopped (as one being stopped is) before the
+        restore starts a fresh one."""
+        await self._until_stopped(kernel_id)
+        warm = self._warm.pop(kernel_id, None)
+        if warm is None:
+            return False
+        if warm.expiry is not None:
+            warm.expiry.cancel()
+        try:
+            usable = await self._usable(kernel_id, warm, ckpt)
+            if usable:
+                async with self.suspender.room.for_start(kernel_id, warm.km.kernel_spec):
+                    pass
+        except BaseException:  # no room for it, or the restore was cancelled
+            self._stop_later(kernel_id, warm)
+            raise
+        if not usable:
+            await self._stop(kernel_id, warm)
+        return usable
+
+    async def _usable(self, kernel_id: str, warm: _Warm, ckpt: Checkpoint) -> bool:
+        try:
+            await asyncio.shield(warm.ready)
+        except Exception as e:  # the restore starts a fresh kernel, which says what is wrong if it is the same
+            self.log.warning("gpucr: kernel %s could not be started ahead of its restore: %s", kernel_id, e)
+            return False
+        # another node may have suspended it since (object storage): its newer checkpoint is restored
+        return warm.checkpoint_id == ckpt.id and bool(await warm.km.is_alive())
+
+    # -- stopping ---------------------------------------------------------------------------
+    async def drop(self, kernel_id: str) -> None:
+        """Stop the kernel's warm process, if any (it is shut down or restarted)."""
+        await self._until_stopped(kernel_id)
+        warm = self._warm.pop(kernel_id, None)
+        if warm is not None:
+            await self._stop(kernel_id, warm)
+
+    async def drop_all(self, but: str | None = None) -> int:
+        """Stop every warm process (but ``but``'s): host memory is needed, or the server stops. How
+        many were stopped or being stopped."""
+        warms = [(k, self._warm.pop(k)) for k in list(self._warm) if k != but]
+        stopping = [k for k in self._stopping if k != but]
+        await asyncio.gather(*(self._stop(k, w) for k, w in warms), *(self._until_stopped(k) for k in stopping))
+        return len(warms) + len(stopping)
+
+    def _expire_later(self, kernel_id: str, warm: _Warm) -> None:
+        if warm.expiry is not None:
+            warm.expiry.cancel()
+        warm.expiry = asyncio.get_running_loop().call_later(self.options.warm_start_timeout_s, self._expire,
+                                                              kernel_id, warm)
+
+    def _expire(self, kernel_id: str, warm: _Warm) -> None:
+        if self._warm.get(kernel_id) is not warm:
+            return
+        del self._warm[kernel_id]
+        self.log.info("gpucr: kernel %s was not restored within %.0f s of being opened: its process started ahead of "
+                      "the restore is stopped", kernel_id, self.options.warm_start_timeout_s)
+        self._stop_later(kernel_id, warm)
+
+    def _stop_later(self, kernel_id: str, warm: _Warm) -> None:
+        task = asyncio.ensure_future(self._stop(kernel_id, warm))
+        self._stopping[kernel_id] = task
+
+        def done(_task: asyncio.Task[None]) -> None:
+            if self._stopping.get(kernel_id) is task:
+                del self._stopping[kernel_id]
+
+        task.add_done_callback(done)
+
+    async def _until_stopped(self, kernel_id: str) -> None:
+        task = self._stopping.get(kernel_id)
+        if task is not None:
+            await asyncio.wait({task})
+
+    async def _stop(self, kernel_id: str, warm: _Warm) -> None:
+        """Kill the process once its launch is over, and put the process record back."""
+        if warm.expiry is not None:
+            warm.expiry.cancel()
+        warm.ready.cancel()  # the imports; the launch always finishes
+        await asyncio.wait({warm.launch, warm.ready})
+        for task in (warm.launch, warm.ready):  # retrieved: a failure is logged where it matters (take)
+            if not task.cancelled():
+                task.exception()
+        try:
+            await warm.km.stop_warm()
+        except Exception as e:  # the process is gone or going; nothing else holds it
+            self.log.warning("gpucr: the process of kernel %s started ahead of its restore did not stop cleanly: %s",
+                             kernel_id, e)
+        if warm.record is not None:
+            self.suspender.store.write_proc(kernel_id, warm.record)
+        self.log.info("gpucr: kernel %s: its process started ahead of its restore is stopped", kernel_id)

@@ -1,0 +1,194 @@
+"""A kernel the snapshot engine suspended starts its process when a client opens it, ahead of the
+restore, through a real server and real kernels: it stays suspended for the clients until a cell
+restores it, the cell then loads into that process, and nothing of it outlives a timeout, a shutdown,
+a restart or the server."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import gone
+from tests.kernel_ws import execute
+from tests.server.test_server import fetch_json, new_session, open_ws
+from tests.server.test_server_lifecycle import RealServer, wait_state
+
+pytestmark = pytest.mark.timeout(240)
+
+STATE = "import numpy as np\nb = np.arange(1000) * 3\ndef twice(v):\n    return 2 * v"
+CHECK = "print(int(b.sum()), twice(21))"
+CHECKED = "1498500 42\n"
+
+
+@pytest.fixture
+def jp_server_config(tmp_path, request):
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpucr": True}},
+        "GPUCR": {"store": str(tmp_path / "gpucr-store"), "engine": "snapshot", **getattr(request, "param", {})},
+    }
+
+
+def kernel_processes(kernel_id: str) -> list[psutil.Process]:
+    """The kernel's ipykernel processes, found by the connection file on their command line (the
+    gpucr provisioner's holder has it on its own after a ``--``)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd[1:3] == ["-m", "ipykernel_launcher"] and any(part.endswith(f"kernel-{kernel_id}.json") for part in cmd):
+            found.append(p)
+    return found
+
+
+def imported_numpy(p: psutil.Process) -> bool:
+    try:
+        return "_multiarray_umath" in Path(f"/proc/{p.pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+async def until_warm(kernel_id: str, imported: bool = True, timeout: float = 90) -> psutil.Process:
+    """The kernel's one process, once it runs (and, with ``imported``, has imported NumPy)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = kernel_processes(kernel_id)
+        assert len(found) <= 1, f"more than one process for kernel {kernel_id}: {found}"
+        if found and (not imported or imported_numpy(found[0])):
+            return found[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"kernel {kernel_id} was not started ahead of its restore within {timeout:.0f} s")
+
+
+async def until_gone(p: psutil.Process, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not gone(p.pid):
+        assert time.monotonic() < deadline, f"process {p.pid} still runs"
+        await asyncio.sleep(0.1)
+
+
+async def state(jp_fetch, kid):
+    return await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
+
+
+async def suspended_kernel(jp_fetch, jp_ws_fetch, path):
+    """A kernel holding STATE, suspended by the snapshot engine, its websocket closed."""
+    kid = (await new_session(jp_fetch, path))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, STATE)
+    [first] = kernel_processes(kid)
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert st["state"] == "suspended" and st["engine"] == "snapshot"
+    assert gone(first.pid) and kernel_processes(kid) == []
+    ws.close()
+    return kid
+
+
+@pytest.mark.parametrize("jp_server_config", [{}, {"checkpointable_kernels": False}], ids=["gpucr-provisioner", "stock"],
+                         indirect=True)
+async def test_opening_starts_the_kernel_ahead_and_a_cell_loads_into_it(jp_fetch, jp_ws_fetch, jp_serverapp,
+                                                                           jp_server_config):
+    kid = await suspended_kernel(jp_fetch, jp_ws_fetch, "warm.ipynb")
+    ws = await open_ws(jp_ws_fetch, kid, "opened")  # the notebook is opened again
+    warm = await until_warm(kid)
+    other_tab = await open_ws(jp_ws_fetch, kid, "other-tab")  # opened twice: still one process
+    await asyncio.sleep(1)
+    assert [p.pid for p in kernel_processes(kid)] == [warm.pid]
+    # suspended for every client until a cell: in gpucr's state and in jupyter_server's model
+    assert (await state(jp_fetch, kid))["state"] == "suspended"
+    model = await fetch_json(jp_fetch, "api", "kernels", kid)
+    assert model["gpucr"]["state"] == "suspended" and model["execution_state"] == "idle"
+
+    _, out, _ = await execute(ws, CHECK)
+    assert out == CHECKED
+    st = await wait_state(jp_fetch, kid, "running")  # the other tab may still be reconnecting
+    assert st["timings"]["warm_start"] is True, st["timings"]
+    assert [p.pid for p in kernel_processes(kid)] == [warm.pid]  # loaded into it
+    _, out, _ = await execute(other_tab, CHECK)  # the other tab talks to it too
+    assert out == CHECKED
+    ws.close()
+    other_tab.close()
+
+
+@pytest.mark.parametrize("jp_server_config", [{"warm_start_timeout_s": 8}], indirect=True)
+async def test_a_kernel_nobody_restores_is_stopped_after_the_timeout_and_stays_restorable(jp_fetch, jp_ws_fetch,
+                                                                                           jp_serverapp):
+    kid = await suspended_kernel(jp_fetch, jp_ws_fetch, "left-open.ipynb")
+    record = jp_serverapp.kernel_manager.suspender.store.read_proc(kid)
+    ws = await open_ws(jp_ws_fetch, kid, "opened")
+    opened = time.monotonic()
+    warm = await until_warm(kid, imported=False)
+    await until_gone(warm, timeout=40)
+    assert time.monotonic() - opened > 7
+    assert kernel_processes(kid) == []
+    assert (await state(jp_fetch, kid))["state"] == "suspended"
+    store = jp_serverapp.kernel_manager.suspender.store
+    for _ in range(100):  # written back once the process is reaped
+        if store.read_proc(kid) == record:
+            break
+        await asyncio.sleep(0.1)
+    assert store.read_proc(kid) == record  # on disk as its suspend left it
+
+    _, out, _ = await execute(ws, CHECK)
+    assert out == CHECKED
+    st = await wait_state(jp_fetch, kid, "running")
+    assert st["timings"]["warm_start"] is False, st["timings"]
+    ws.close()
+
+
+@pytest.mark.parametrize("action", ["shutdown", "restart"])
+async def test_shutting_down_or_restarting_a_warm_kernel_leaves_no_process_of_it(jp_fetch, jp_ws_fetch, jp_serverapp,
+                                                                                 action):
+    kid = await suspended_kernel(jp_fetch, jp_ws_fetch, f"{action}.ipynb")
+    ws = await open_ws(jp_ws_fetch, kid, "opened")
+    warm = await until_warm(kid, imported=False)  # possibly still starting: stopped all the same
+    ws.close()
+    if action == "shutdown":
+        await jp_fetch("api", "kernels", kid, method="DELETE")
+        await until_gone(warm)
+        assert kernel_processes(kid) == []
+        assert [t["kernel_id"] for t in await fetch_json(jp_fetch, "api", "gpucr", "trash")] == [kid]  # kept there
+        return
+    await jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}")
+    await until_gone(warm)
+    ws = await open_ws(jp_ws_fetch, kid, "after-restart")
+    _, out, _ = await execute(ws, "print('b' in globals())")
+    assert out == "False\n"  # the fresh kernel the user asked for
+    assert len(kernel_processes(kid)) == 1
+    ws.close()
+
+
+async def test_the_server_stops_with_a_warm_kernel_which_the_next_server_restores(tmp_path):
+    root, store, log = tmp_path / "root", tmp_path / "store", tmp_path / "server.log"
+    root.mkdir()
+    first = RealServer(root, store, log, "--GPUCR.engine=snapshot")
+    try:
+        await first.wait_ready()
+        kid = (await first.request("api/sessions", "POST", {"path": "stop.ipynb", "type": "notebook",
+                                                            "name": "stop.ipynb", "kernel": {"name": "python3"}}))["kernel"]["id"]
+        ws = await first.ws(kid)
+        await execute(ws, STATE)
+        await first.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+        ws.close()
+        ws = await first.ws(kid)
+        warm = await until_warm(kid)
+    finally:
+        assert first.sigterm() == 0
+    assert gone(warm.pid) and kernel_processes(kid) == []
+    assert "1 kernel(s) are on disk for the next start" in log.read_text()
+
+    second = RealServer(root, store, log, "--GPUCR.engine=snapshot")
+    try:
+        await second.wait_ready()
+        for _ in range(50):  # suspended kernels are listed once the extension has started
+            if kid in [k["id"] for k in await second.get("api/kernels")]:
+                break
+            await asyncio.sleep(0.2)
+        assert (await second.get(f"api/gpucr/kernels/{kid}"))["state"] == "suspended"
+        ws = await second.ws(kid)
+        _, out, _ = await execute(ws, CHECK)
+        assert out == CHECKED
+        ws.close()
+    finally:
+        second.sigterm()
