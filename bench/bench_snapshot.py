@@ -2,7 +2,8 @@
 (dill) and Kishu, on the same states executed in real ipykernels.
 
     python bench/bench_snapshot.py [--array-mb 200] [--model-mb 64] [--states arrays,model,unkeepable]
-                                   [--methods snapshot,dill,kishu] [--json-out FILE] [--keep DIR]
+                                   [--methods snapshot,dill,kishu] [--server-rounds N [--warm-wait S]]
+                                   [--json-out FILE] [--keep DIR]
 
 At the defaults a run takes about 2.5 minutes on 2 cores (results: docs/dev/benchmarks-snapshot.md).
 
@@ -30,6 +31,13 @@ dill and kishu are needed by this benchmark only (not dependencies of jupyter-gp
     .venv/bin/pip install dill kishu
 
 A method whose package is missing is reported as failed with the import error.
+
+``--server-rounds N``: the ``model`` state's restore through a real jupyter server with gpucr (``--methods ""``
+runs only this): N rounds each of a suspend with the snapshot engine followed at once by the cell (*cold*: the
+restore starts a fresh kernel), of a suspend after which the notebook is opened again and the cell runs
+``--warm-wait`` seconds later (*warm*: the kernel was started when it was opened, ``c.GPUCR.warm_start_timeout_s``),
+and, where CRIU runs, of the whole-process engine (*criu*). Per round: the server's restore (``timings.total``),
+its start and load, and the cell's answer from sending it.
 """
 from __future__ import annotations
 
@@ -58,6 +66,8 @@ HOOKS_DIR = Path(__file__).resolve().parents[1] / "kernel_hooks"
 METHODS = ("snapshot", "dill", "kishu")
 STATES = ("arrays", "model", "unkeepable")
 CELL_TIMEOUT = 600.0
+# the cell of the server rounds: reads the model and the losses, changes nothing
+SERVER_CELL = "print(round(sum(float(p.detach().double().sum()) for p in model.parameters()), 3), len(losses))"
 
 # ---- notebook states ---------------------------------------------------------------------------
 
@@ -326,6 +336,81 @@ async def kishu_method(cells: list[str], plain_cell_s: list[float], work: Path, 
     return result
 
 
+# ---- through a server -------------------------------------------------------------------------------
+
+
+async def server_rounds(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The ``model`` state's restores through a real server: cold, warm and criu rounds (module docstring)."""
+    from tests.kernel_ws import execute as run_cell
+    from tests.server.test_server_lifecycle import RealServer
+
+    work = root / "server"
+    work.mkdir()
+    server: Any = RealServer(work, work / "store", work / "server.log", "--GPUCR.engine=snapshot",
+                             "--GPUCR.warm_start_timeout_s=600")
+    out: dict[str, Any] = {"rounds": [], "log": str(work / "server.log")}
+    try:
+        await server.wait_ready(120)
+        session = await server.request("api/sessions", "POST", {"path": "model.ipynb", "type": "notebook",
+                                                                "name": "model.ipynb", "kernel": {"name": "python3"}})
+        kid = session["kernel"]["id"]
+        ws = await server.ws(kid)
+        for cell in state_cells("model", args, work / "train.log"):
+            await run_cell(ws, cell, timeout=CELL_TIMEOUT)
+        _, expected, _ = await run_cell(ws, SERVER_CELL, timeout=CELL_TIMEOUT)
+        out["cell_output"] = expected.strip()
+        for mode in ("cold", "warm", "criu"):
+            for i in range(args.server_rounds):
+                print(f"  [server] {mode} {i + 1}", flush=True)
+                try:
+                    st = await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST",
+                                              {"engine": "criu" if mode == "criu" else "snapshot"})
+                except Exception as exc:  # no CRIU here: the other modes' figures stand
+                    out["rounds"].append({"mode": mode, "round": i + 1, "failed": error_text(exc)[:500]})
+                    break
+                if mode == "warm":  # the notebook is opened again, and the user reads it a moment
+                    ws.close()
+                    ws = await server.ws(kid)
+                    await asyncio.sleep(args.warm_wait)
+                t0 = time.perf_counter()
+                _, answer, _ = await run_cell(ws, SERVER_CELL, timeout=CELL_TIMEOUT)
+                cell_s = time.perf_counter() - t0
+                restored = await _running(server, kid)
+                out["rounds"].append({"mode": mode, "round": i + 1, "resume_and_cell_s": cell_s,
+                                      "checkpoint_bytes": st["checkpoint"]["size"], "timings": restored["timings"],
+                                      "same": answer == expected})
+        ws.close()
+    finally:
+        server.sigterm()
+    return out
+
+
+async def _running(server: Any, kid: str) -> dict[str, Any]:
+    """The kernel's state once it is running (its cell may answer a moment before)."""
+    for _ in range(100):
+        st = await server.get(f"api/gpucr/kernels/{kid}")
+        if st["state"] == "running":
+            return st
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"kernel {kid} is {st['state']} after its cell answered")
+
+
+def server_table(server: dict[str, Any]) -> str:
+    lines = [f"{'mode':<6} {'round':>5} {'restore s':>9} {'start s':>8} {'load s':>7} {'resume+cell s':>13} "
+             f"{'MiB':>7}  same", "-" * 70]
+    for r in server["rounds"]:
+        if "failed" in r:
+            lines.append(f"{r['mode']:<6} {r['round']:>5}  FAILED: {r['failed']}")
+            continue
+        t = r["timings"]
+        lines.append(f"{r['mode']:<6} {r['round']:>5} {fmt_s(t.get('total')):>9} {fmt_s(t.get('kernel_start')):>8} "
+                     f"{fmt_s(t.get('load')):>7} {fmt_s(r['resume_and_cell_s']):>13} {fmt_mb(r['checkpoint_bytes'])}  "
+                     f"{r['same']}{'  (warm_start)' if t.get('warm_start') else ''}")
+    lines.append("start: the snapshot restore's process start (warm: what it still waited for the warm kernel); "
+                 "load: in the kernel, with a fresh kernel's own start and imports")
+    return "\n".join(lines)
+
+
 # ---- driver ---------------------------------------------------------------------------------------
 
 
@@ -437,9 +522,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     try:
-        for state in args.states:
+        for state in args.states if args.methods else []:
             print(f"state {state}", flush=True)
             results["states"][state] = await run_state(state, args, root, probe_file)
+        if args.server_rounds:
+            print("through a server", flush=True)
+            results["server"] = await server_rounds(args, root)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -459,6 +547,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-mb", type=float, default=64.0, help="MB of MLP parameters in the model states")
     ap.add_argument("--states", default=",".join(STATES), help=f"comma-separated subset of {','.join(STATES)}")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    ap.add_argument("--server-rounds", type=int, default=0,
+                    help="rounds of the model state's restore through a real server per mode (cold, warm, criu)")
+    ap.add_argument("--warm-wait", type=float, default=15.0,
+                    help="seconds between opening the notebook and running the cell in the warm rounds")
     ap.add_argument("--json-out", help="also write the results as JSON to this file")
     ap.add_argument("--keep", help="work in this directory and keep the checkpoints (default: a temp dir, removed)")
     args = ap.parse_args(argv)
@@ -474,10 +566,14 @@ if __name__ == "__main__":
     arguments = parse_args()
     results = asyncio.run(main(arguments))
     print()
-    print(table(results))
-    print()
-    print(details(results))
-    print()
+    if results["states"]:
+        print(table(results))
+        print()
+        print(details(results))
+        print()
+    if "server" in results:
+        print(server_table(results["server"]))
+        print()
     print(json.dumps(results, indent=1))
     if arguments.json_out:
         Path(arguments.json_out).write_text(json.dumps(results, indent=1))
