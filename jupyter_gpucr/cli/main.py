@@ -16,6 +16,7 @@ from typing import Any
 
 from ..core import upload
 from ..core.activation import WakeOn
+from ..core.bucket_retention import apply_retention
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError, StateError
 from ..core.group import join as join_group
@@ -191,6 +192,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         sent = ""
         if remote is not None:
             sent = f" Uploaded to {remote!r} in {upload.upload(remote, cr.store, c)['seconds']:.2f} s."
+            apply_retention(remote, c.name, cr.keep_last)  # its older checkpoints there go, as on this disk
             if not args.leave_running:  # durable in the store: any node may restore it now
                 upload.release_lease(remote, c.name, upload.node_id(cr.store))
         return c.summary() | {"timings": t}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "

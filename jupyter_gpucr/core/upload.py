@@ -78,10 +78,10 @@ def mark_pending(ckpt: Checkpoint, remote: ObjectStore) -> None:
 
 
 def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progress | None = None,
-           keep_last: int = 1, streamed: StreamingUpload | None = None) -> dict[str, Any]:
+           streamed: StreamingUpload | None = None) -> dict[str, Any]:
     """Put the checkpoint and its process's files into the store, check that every object is
-    there with its size, then write ``complete.json``; older checkpoints of the name in the store
-    beyond ``keep_last`` are deleted afterwards. The local copy is kept. ``streamed``: what was
+    there with its size, then write ``complete.json`` (what older checkpoints go afterwards is
+    :mod:`.bucket_retention`'s business). The local copy is kept. ``streamed``: what was
     uploaded while CRIU wrote the images (only what it did not finish is sent). Returns what moved."""
     t0 = time.perf_counter()
     name, proc_dir = ckpt.name, store.proc_dir(ckpt.name)
@@ -111,8 +111,6 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
         **manifest, "proc_dir": str(proc_dir), "node": node_id(store), "uploaded_at": time.time()})
     remote.delete(f"{base}/{UPLOADING}")
     write_json_atomic(ckpt.path / MARKER, {"state": "done", "store": repr(remote), "at": time.time()})
-    for old in completed(remote, name)[:-max(keep_last, 1)]:
-        remote.delete(f"{name}/{old['id']}", recursive=True)
     return {"bytes": total, "objects": len(pairs), "seconds": time.perf_counter() - t0, "streamed": before,
             "during_dump": streamed.during_dump if streamed is not None else 0}
 

@@ -73,11 +73,22 @@ class GPUCR(Configurable):
         True, config=True,
         help="Also suspend idle kernels that have open connections (a notebook tab left open).",
     )
-    keep_last = Integer(1, config=True, help="Checkpoints kept per kernel (older ones are deleted).")
+    keep_last = Integer(
+        1, config=True,
+        help="Checkpoints kept per kernel (older ones are deleted), on this node and in object storage.")
     max_store_bytes = Integer(
         0, config=True,
         help="Delete the oldest checkpoints past this many bytes (the newest of each kernel is always kept). "
-        "0: half of the store's disk, measured at server start.",
+        "0: half of the store's disk, measured at server start. With object storage it bounds this node's cache "
+        "(cache_dir); max_bucket_bytes bounds the store.",
+    )
+    max_bucket_bytes = Integer(
+        0, config=True,
+        help="With object storage: after each upload, delete the oldest checkpoints of the user's prefix (PREFIX/USER) "
+        "while it holds more than this many bytes, counted as the store lists them (encrypted sizes with "
+        "encryption_key_file). The newest checkpoint of each kernel (a suspended kernel's only way back) and "
+        "checkpoints still uploading are never deleted, so the prefix can stay above the limit (the log says so). "
+        "0: no limit; keep_last applies either way, and a kernel shut down takes its objects with it.",
     )
     trash_hours = Float(
         24.0, config=True,

@@ -9,7 +9,9 @@ a heartbeat renews the lease, and a lease left unrenewed for ``c.GPUCR.lease_tim
 node) is taken over. With S3 the upload begins while CRIU writes the images (``core/streamup.py``).
 At start, uploads an earlier server left unfinished are redone and the kernels other nodes left
 in the store are listed. With ``c.GPUCR.encryption_key_file`` every object holding the process
-is sealed with that key before it leaves the node (``core/sealing.py``).
+is sealed with that key before it leaves the node (``core/sealing.py``). After each upload the
+user's prefix is pruned (``c.GPUCR.keep_last``, ``c.GPUCR.max_bucket_bytes``: ``core/bucket_retention.py``);
+a kernel shut down takes its objects with it, once an upload of it under way is over.
 """
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core import upload
+from ..core.bucket_retention import apply_retention
 from ..core.checkpointer import Checkpointer
-from ..core.errors import GPUCRError
+from ..core.checksums import find_mismatches
+from ..core.errors import CheckpointDamagedError, GPUCRError
 from ..core.objectstore import ObjectStore, is_url
 from ..core.sealing import StoreKey, load_key
 from ..core.store import Checkpoint, Manifest, Store
@@ -58,8 +62,9 @@ class RemoteKernels:
     """Uploads, downloads, listing and leases of one server's kernels in one object store."""
 
     def __init__(self, remote: ObjectStore, store: Store, lifecycle: KernelLifecycle, log: Any, keep_last: int,
-                 lease_timeout_s: float = 120.0) -> None:
+                 lease_timeout_s: float = 120.0, max_bytes: int | None = None) -> None:
         self.remote, self.store, self.lifecycle, self.log, self.keep_last = remote, store, lifecycle, log, keep_last
+        self.max_bytes = max_bytes  # of the user's prefix (c.GPUCR.max_bucket_bytes); None: no limit
         self.node = upload.node_id(store)
         self.lease_timeout_s = lease_timeout_s
         self._uploads: dict[str, asyncio.Task[None]] = {}
@@ -67,6 +72,9 @@ class RemoteKernels:
         self._heartbeat: asyncio.Task[None] | None = None
         self._streams: dict[str, StreamingUpload] = {}  # by checkpoint id, from the dump to the upload
         self._lost: set[str] = set()  # kernels whose lease another node took over while they ran here
+        self._forgetting: set[asyncio.Task[None]] = set()  # deletions of kernels shut down, kept referenced
+        self._shut_down: set[str] = set()  # kernels shut down whose objects are not deleted yet
+        self._from_store: dict[str, dict[str, Any]] = {}  # the complete.json of what a restore here runs, made elsewhere
 
     def stream_from(self, checkpointer: Any) -> None:
         """Upload each dump of ``checkpointer`` while CRIU writes it (S3; a checkpointer that runs
@@ -102,12 +110,19 @@ class RemoteKernels:
             loop.call_soon_threadsafe(self.lifecycle.progress, kernel_id, "uploading", done, total)
 
         try:
-            moved = await asyncio.to_thread(upload.upload, self.remote, self.store, ckpt, report, self.keep_last, streamed)
-        except GPUCRError as e:
-            self.log.error("gpucr: kernel %s: %s %s", kernel_id, e.message, e.hint)
+            moved = await asyncio.to_thread(upload.upload, self.remote, self.store, ckpt, report, streamed)
+        except (GPUCRError, OSError) as e:
+            if streamed is not None:  # parts sent while CRIU wrote still go out: the upload is over once they are
+                await asyncio.to_thread(streamed.result)
+            said = e.message if isinstance(e, GPUCRError) else f"Checkpoint {ckpt.id} could not be read for its upload: {e}."
+            if kernel_id in self._shut_down:  # its files went to the trash while they were read
+                self.log.info("gpucr: kernel %s was shut down while it was uploading: the upload stopped (%s)",
+                              kernel_id, said)
+                return
+            self.log.error("gpucr: kernel %s: %s %s", kernel_id, said, getattr(e, "hint", ""))
             if self.lifecycle.state_of(kernel_id) == UPLOADING:
                 self.lifecycle.transition(
-                    kernel_id, SUSPENDED, "failed", error=f"{e.message} The kernel is suspended on this node's disk only "
+                    kernel_id, SUSPENDED, "failed", error=f"{said} The kernel is suspended on this node's disk only "
                     f"({ckpt.path}): it restores here, not on another node.",
                     hint="The upload is redone at the next server start; check the store, then restart the server.")
             return
@@ -120,6 +135,23 @@ class RemoteKernels:
             self.lifecycle.transition(kernel_id, SUSPENDED, "done", timings={**st.timings, "upload": moved["seconds"]})
         if state in (UPLOADING, SUSPENDED):  # durable again: any node may restore it now
             await self._release(kernel_id)
+        await self._prune(kernel_id)
+
+    async def _prune(self, kernel_id: str) -> None:
+        """Apply retention to the user's prefix after an upload of ``kernel_id``, saying in the log
+        what went and why; a failure leaves the objects and the kernel as they are."""
+        try:
+            done = await asyncio.to_thread(apply_retention, self.remote, kernel_id, self.keep_last, self.max_bytes)
+        except GPUCRError as e:
+            self.log.warning("gpucr: retention in %r was not applied: %s %s", self.remote, e.message, e.hint)
+            return
+        for d in done.deleted:
+            self.log.info("gpucr: deleted checkpoint %s of kernel %s from %r (%d bytes): %s", d.id, d.name, self.remote,
+                          d.bytes, d.why)
+        if self.max_bytes is not None and done.left is not None and done.left > self.max_bytes:
+            self.log.warning("gpucr: the user's prefix %r holds %d bytes, over c.GPUCR.max_bucket_bytes (%d): what is "
+                             "left is the newest checkpoint of each kernel and uploads under way, which are never "
+                             "deleted; shutting kernels down frees their objects", self.remote, done.left, self.max_bytes)
 
     async def wait_uploads(self, timeout: float) -> list[str]:
         """Wait (at most ``timeout`` s) for the uploads under way; the kernel ids not done by then."""
@@ -146,6 +178,10 @@ class RemoteKernels:
             self.log.warning("gpucr: kernel %s: %s", kernel_id, note)
         newest = await asyncio.to_thread(upload.latest, self.remote, kernel_id)
         local = self.store.latest(kernel_id) if self.store.list_checkpoints(kernel_id) else None
+        self._from_store.pop(kernel_id, None)
+        if newest is not None and newest.get("node") != self.node and (local is None or local.id == newest["id"]
+                                                                        or local.created < newest["created"]):
+            self._from_store[kernel_id] = newest
         if newest is None or (local is not None and (local.id == newest["id"] or local.created >= newest["created"])):
             return note
         t0 = time.perf_counter()
@@ -154,6 +190,28 @@ class RemoteKernels:
         self.log.info("gpucr: downloaded checkpoint %s of kernel %s from %r (%d MiB in %.2f s)", newest["id"], kernel_id,
                       self.remote, newest.get("bytes", 0) >> 20, time.perf_counter() - t0)
         return note
+
+    async def damaged_in_store(self, kernel_id: str, err: GPUCRError) -> GPUCRError:
+        """What to tell of a restore that failed with ``err``: when the checkpoint came from the
+        store, made on another node, and its images do not match its manifest's digests (the
+        download checked every object's size), the copy in the store is damaged: name its objects."""
+        complete = self._from_store.pop(kernel_id, None)
+        if not isinstance(err, CheckpointDamagedError) or complete is None or complete["id"] not in err.message:
+            return err
+        try:
+            ckpt = self.store.get(complete["id"])
+        except GPUCRError:  # refused while downloading (a sealed object that does not open): said already
+            return err
+        problems = await asyncio.to_thread(find_mismatches, ckpt.images, ckpt.manifest["files"])
+        if not problems:
+            return err
+        base = f"{self.remote!r}/{kernel_id}/{ckpt.id}/checkpoint/images"
+        node = complete.get("node", "another node")
+        return CheckpointDamagedError(
+            f"The checkpoint in the store is damaged: {'; '.join(f'{base}/{p}' for p in problems[:5])} (checkpoint "
+            f"{ckpt.id}, made on {node}).",
+            f"The kernel stays suspended. If {node} still holds its own copy, restore the kernel there; else shut it "
+            f"down and start fresh. This node's download is kept at {ckpt.path} for inspection.")
 
     async def give_back(self, kernel_id: str) -> None:
         """A restore failed: the kernel stays suspended, and other nodes may restore it."""
@@ -186,14 +244,26 @@ class RemoteKernels:
 
     # -- shutdown ---------------------------------------------------------------------------
     def forget_later(self, kernel_id: str) -> None:
-        """The kernel was shut down: its objects go (its local trash keeps what the user may want back)."""
+        """The kernel was shut down: its objects go (its local trash keeps what the user may want back),
+        after an upload of it under way, which would otherwise write them again once they are gone."""
+        uploading = self._uploads.get(kernel_id)
+        self._shut_down.add(kernel_id)
+        self._from_store.pop(kernel_id, None)
+
         async def forget() -> None:
+            if uploading is not None:
+                await asyncio.wait([uploading])
             try:
                 await asyncio.to_thread(upload.forget, self.remote, kernel_id, self.node)
             except GPUCRError as e:
                 self.log.warning("gpucr: the objects of kernel %s stay in %r: %s", kernel_id, self.remote, e)
+            else:
+                self.log.info("gpucr: kernel %s was shut down: its objects are deleted from %r", kernel_id, self.remote)
+            finally:
+                self._shut_down.discard(kernel_id)
 
-        asyncio.ensure_future(forget())
+        self._forgetting.add(task := asyncio.ensure_future(forget()))
+        task.add_done_callback(self._forgetting.discard)
 
     # -- server start -----------------------------------------------------------------------
     async def relist(self, listed: Container[str], list_on_disk: Callable[[str, Checkpoint], Awaitable[Any]]) -> None:

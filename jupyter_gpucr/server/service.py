@@ -81,8 +81,8 @@ class KernelSuspender:
         self.stopping = False  # the server stops: kernels it shuts down stay on disk, listed at the next start
         self.room = RoomMaker(self, lifecycle.event_logger)  # suspends idle kernels for one that needs their memory
         remote = connect(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
-        self.remote = RemoteKernels(remote, store, lifecycle, log, config.keep_last,
-                                    config.lease_timeout_s) if remote else None
+        self.remote = RemoteKernels(remote, store, lifecycle, log, config.keep_last, config.lease_timeout_s,
+                                    config.max_bucket_bytes or None) if remote else None
         if self.remote:
             self.remote.stream_from(self.checkpointer)
         self.prefetcher = Prefetcher(store, config, log)
@@ -360,6 +360,8 @@ class KernelSuspender:
                     resumed.warnings.insert(0, took_over)
             except BaseException as e:
                 err = e if isinstance(e, GPUCRError) else EngineError(f"The restore failed: {e}", "The checkpoint is kept; try again.")
+                if self.remote:
+                    err = await self.remote.damaged_in_store(kernel_id, err)
                 self.log.warning("gpucr: restoring kernel %s failed: %s %s", kernel_id, err.message, err.hint)
                 self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=err.message, hint=err.hint)
                 if self.remote:
@@ -480,6 +482,8 @@ class KernelSuspender:
                 finally:
                     self.stopping = stopping
                 self.checkpointer.remove(kernel_id, kill=False)
+                if self.remote:  # else another node would list it again from the store
+                    self.remote.forget_later(kernel_id)
                 return
         self.store.delete(checkpoint_id)
 
