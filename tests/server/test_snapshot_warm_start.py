@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import gone
+from tests.conftest import criu_or_skip, gone
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, new_session, open_ws
 from tests.server.test_server_lifecycle import RealServer, wait_state
@@ -192,3 +192,35 @@ async def test_the_server_stops_with_a_warm_kernel_which_the_next_server_restore
         ws.close()
     finally:
         second.sigterm()
+
+
+@pytest.mark.parametrize("jp_server_config", [{"host_memory_budget": "2.5GiB", "kernel_memory": "1GiB",
+                                               "min_resident_s": 0}], indirect=True)
+async def test_a_warm_kernel_counts_in_the_host_budget_and_gives_way_before_any_kernel_is_suspended(
+        jp_fetch, jp_ws_fetch, jp_serverapp):
+    """Kernels are declared 1 GiB under a 2.5 GiB budget: a warm process counts as its kernel, a new
+    kernel that needs its room stops it rather than suspend an idle running kernel, and a kernel whose
+    restore finds no room is not started ahead."""
+    criu_or_skip()  # the budget counts the processes of kernels the gpucr provisioner launched
+    a = await suspended_kernel(jp_fetch, jp_ws_fetch, "a.ipynb")
+    b = (await new_session(jp_fetch, "b.ipynb"))["kernel"]["id"]
+    ws_b = await open_ws(jp_ws_fetch, b, "b")
+    await execute(ws_b, "y = 2")
+    ws_a = await open_ws(jp_ws_fetch, a, "a")
+    warm = await until_warm(a, imported=False)
+    room = {r["where"]: r for r in await fetch_json(jp_fetch, "api", "gpucr", "room")}["host memory"]
+    assert room["held_by_kernels"] >= 2 << 30, room  # b and a's warm process
+
+    c = (await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": "python3"}))["id"]
+    await until_gone(warm)
+    assert (await state(jp_fetch, b))["state"] == "running" and (await state(jp_fetch, a))["state"] == "suspended"
+    assert (await state(jp_fetch, c))["state"] == "running"
+
+    ws_a.close()
+    ws_a = await open_ws(jp_ws_fetch, a, "a-again")  # b and c hold 2 GiB: no room for a's restore
+    await asyncio.sleep(3)
+    assert kernel_processes(a) == []
+    _, out, _ = await execute(ws_a, CHECK)  # its restore makes room as any restore does
+    assert out == CHECKED
+    ws_a.close()
+    ws_b.close()
