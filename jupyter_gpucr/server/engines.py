@@ -28,6 +28,7 @@ from ..core.errors import EngineError, PreconditionError, PutBackError
 from ..core.store import Checkpoint, Manifest, dir_size
 from . import kernel_rpc
 from .backend import Backend
+from .kernel_rpc import SNAPSHOT_PAYLOAD
 from .loopstep import LoopStep
 from .provisioner import GPUCRProvisioner
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 Progress = Callable[[str, int, int], None]
 Detach = Callable[[], Coroutine[Any, Any, None]]
 
-SNAPSHOT_PAYLOAD = "snapshot"
 #: The folder where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
 OFFLOAD_DIR = "gpu-tensors"
 

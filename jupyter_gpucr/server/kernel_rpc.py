@@ -20,12 +20,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["HISTORY_FILE", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_load", "prepare_suspend",
+__all__ = ["HISTORY_FILE", "SNAPSHOT_PAYLOAD", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_load", "prepare_suspend",
            "reload", "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RESULT = "__import__('gpucr_hooks')._rpc.reply()"
+#: The folder of a checkpoint (or of its portable copy) that the snapshot engine saves a namespace into.
+SNAPSHOT_PAYLOAD = "snapshot"
 HISTORY_FILE = "history.sqlite"  # an IPython kernel's own database, in its process folder
 
 

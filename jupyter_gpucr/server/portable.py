@@ -26,7 +26,7 @@ from ..core.checkpointer import Checkpointer
 from ..core.checksums import digest_tree
 from ..core.store import Checkpoint, Manifest, Store
 from . import kernel_rpc
-from .engines import SNAPSHOT_PAYLOAD
+from .kernel_rpc import SNAPSHOT_PAYLOAD
 
 #: The folder, below the kernel's process folder, of the portable copy of its last suspend.
 PORTABLE_DIR = "portable"

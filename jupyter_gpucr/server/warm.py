@@ -27,7 +27,7 @@ from typing import Any
 from ..core.errors import GPUCRError
 from ..core.store import Checkpoint, ProcRecord
 from . import kernel_rpc
-from .engines import SNAPSHOT_PAYLOAD
+from .kernel_rpc import SNAPSHOT_PAYLOAD
 from .lifecycle import SUSPENDED, UPLOADING
 
 #: How long a warm kernel may take to import what its snapshot needs.
