@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
+import time
 from typing import Any
 
 from jupyter_client.jsonutil import json_default
@@ -68,9 +70,6 @@ async def execute(ws: Any, code: str, timeout: float = 120) -> tuple[dict[str, A
 async def saved_history(db: Any, code: str, timeout: float = 10.0) -> list[str]:
     """The cells IPython saved in the history database ``db``, once ``code`` is among them (its
     saving thread writes after each cell), or as they are after ``timeout``."""
-    import sqlite3
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:

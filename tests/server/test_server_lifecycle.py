@@ -113,6 +113,13 @@ class RealServer:
     async def get(self, path: str) -> object:
         return await self.request(path)
 
+    async def wait_listed(self, kid: str, timeout: float = 10) -> None:
+        """Suspended kernels are listed once the extension has started."""
+        deadline = time.monotonic() + timeout
+        while kid not in [k["id"] for k in await self.get("api/kernels")]:
+            assert time.monotonic() < deadline, f"kernel {kid} was never listed"
+            await asyncio.sleep(0.2)
+
     async def ws(self, kid: str):
         req = HTTPRequest(f"ws://127.0.0.1:{self.port}/api/kernels/{kid}/channels?session_id=s1", headers=self.headers)
         return await websocket_connect(req)
@@ -142,11 +149,7 @@ async def test_sigterm_suspends_all_and_next_server_restores(tmp_path):
     second = RealServer(root, store, log)
     try:
         await second.wait_ready()
-        for _ in range(50):  # suspended kernels are listed once the extension has started
-            if kid in [k["id"] for k in await second.get("api/kernels")]:
-                break
-            await asyncio.sleep(0.2)
-        assert kid in [k["id"] for k in await second.get("api/kernels")]
+        await second.wait_listed(kid)
         sessions = await second.get("api/sessions")
         assert [(s["path"], s["kernel"]["id"]) for s in sessions] == [("keep.ipynb", kid)]
         assert (await second.get(f"api/gpucr/kernels/{kid}"))["state"] == "suspended"

@@ -181,10 +181,7 @@ async def test_the_server_stops_with_a_warm_kernel_which_the_next_server_restore
     second = RealServer(root, store, log, "--GPUCR.engine=snapshot")
     try:
         await second.wait_ready()
-        for _ in range(50):  # suspended kernels are listed once the extension has started
-            if kid in [k["id"] for k in await second.get("api/kernels")]:
-                break
-            await asyncio.sleep(0.2)
+        await second.wait_listed(kid)
         assert (await second.get(f"api/gpucr/kernels/{kid}"))["state"] == "suspended"
         ws = await second.ws(kid)
         _, out, _ = await execute(ws, CHECK)
