@@ -20,6 +20,7 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,16 +143,15 @@ def pending(held: list[socket.socket], timeout: float = 0.0) -> bool:
     return bool(held) and bool(select.select(held, [], [], timeout)[0])
 
 
-def drain(held: socket.socket, quiet: float = 0.2) -> list[socket.socket]:
-    """Accept every connection queued on ``held``, until none came for ``quiet`` seconds."""
-    accepted = []
+def drain(held: socket.socket, quiet: float = 0.2) -> Iterator[socket.socket]:
+    """Accept every connection queued on ``held``, until none came for ``quiet`` seconds; each is
+    handed on as it is accepted, so the first is served without waiting out the quiet time."""
     while pending([held], quiet):
         try:
             conn, _ = held.accept()
         except BlockingIOError:
             continue
-        accepted.append(conn)
-    return accepted
+        yield conn
 
 
 def relay(client: socket.socket, w: WakeOn) -> None:

@@ -182,6 +182,7 @@ class Waker:
             return
         log.info("%s woken in %.2f s", self.name, time.perf_counter() - t0)
         self.status["last_wake"] = {**running.timings, "waker_total": time.perf_counter() - t0}
+        self.say("waking")  # the wake's timings are on record before its first client is served
         held, self.held = self.held, {}
         for w, s in held.items():
             try:
