@@ -60,9 +60,12 @@ class KernelForker:
                 ckpt, tensors = self.service.store.latest(kernel_id), self._offloaded(kernel_id)
             try:
                 await self._make(km, kernel_id, ids, gpu, ckpt, tensors)
-            finally:
+            except BaseException:
                 if source is not None:
-                    source.discard(self.service)
+                    await asyncio.to_thread(source.discard, self.service)
+                raise
+        if source is not None:  # the copies hold what they need: the reply need not wait for the deletion
+            _in_background(asyncio.to_thread(source.discard, self.service))
         return ids, source.report if source else None
 
     async def _make(self, km: Any, kernel_id: str, ids: list[str], gpu: str, ckpt: Checkpoint,
@@ -76,8 +79,11 @@ class KernelForker:
             for running in forks:
                 await self._list(km, running)
                 await kernel_rpc.follow_moved_history(self.kernel_manager.get_kernel(running.name), running.relocated)
-                if tensors:
-                    await self._refill(running.name, tensors)
+            if tensors:  # side by side: each copy reads its files while another copies to the GPU
+                refilled = await asyncio.gather(*(self._refill(r.name, tensors) for r in forks), return_exceptions=True)
+                for outcome in refilled:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
         except BaseException:
             for running in forks:
                 await self._drop(running.name)
@@ -165,6 +171,16 @@ class KernelForker:
             await self.kernel_manager.shutdown_kernel(kernel_id, now=True)
         else:
             await asyncio.to_thread(self.service.checkpointer.remove, kernel_id, True)
+
+
+#: Deletions of running sources' fork checkpoints still in progress (kept referenced until they end).
+_DISCARDING: set[asyncio.Task[None]] = set()
+
+
+def _in_background(work: Any) -> None:
+    task = asyncio.ensure_future(work)
+    _DISCARDING.add(task)
+    task.add_done_callback(_DISCARDING.discard)
 
 
 def _relayed(info: dict[str, Any], routes: list[netns.Route]) -> dict[str, Any]:
