@@ -84,5 +84,11 @@ print(json.dumps({
 """
 
 
+def cpu_setup(arrays: int = 6) -> str:
+    """The CPU variant with ``arrays`` arrays of 256 MiB instead of 6 (a smaller state for a slow
+    store on a small machine)."""
+    return CPU_SETUP.replace("for _ in range(6)", f"for _ in range({arrays})")
+
+
 def code(kind: str) -> tuple[str, str]:
     return (GPU_SETUP, GPU_CELL) if kind == "gpu" else (CPU_SETUP, CPU_CELL)
