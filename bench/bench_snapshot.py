@@ -36,8 +36,13 @@ A method whose package is missing is reported as failed with the import error.
 runs only this): N rounds each of a suspend with the snapshot engine followed at once by the cell (*cold*: the
 restore starts a fresh kernel), of a suspend after which the notebook is opened again and the cell runs
 ``--warm-wait`` seconds later (*warm*: the kernel was started when it was opened, ``c.GPUCR.warm_start_timeout_s``),
-and, where CRIU runs, of the whole-process engine (*criu*). Per round: the server's restore (``timings.total``),
-its start and load, and the cell's answer from sending it.
+and, where CRIU runs, of the whole-process engine (*criu*). Per round: the suspend, the server's restore
+(``timings.total``), its start and load, and the cell's answer from sending it; per snapshot restore, the load's
+steps in the kernel. ``--w2``: the kernel holds W2 instead (``bench/w2_workload.py``: a 2.7 B-parameter model
+on cuda:0 and its KV cache; a GPU machine) and the cell generates W2's tokens. On the H200 machine, with the
+store in memory as W2's other figures (``--keep`` is the working directory; remove it after)::
+
+    python3 bench/bench_snapshot.py --methods "" --w2 --server-rounds 2 --keep /dev/shm/gpucr-snapshot-w2
 """
 from __future__ import annotations
 
@@ -346,6 +351,11 @@ async def server_rounds(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     work = root / "server"
     work.mkdir()
+    if args.w2:
+        from bench.w2_workload import GPU_CELL, GPU_SETUP
+        cells, check = [GPU_SETUP], GPU_CELL
+    else:
+        cells, check = state_cells("model", args, work / "train.log"), SERVER_CELL
     server: Any = RealServer(work, work / "store", work / "server.log", "--GPUCR.engine=snapshot",
                              "--GPUCR.warm_start_timeout_s=600")
     out: dict[str, Any] = {"rounds": [], "log": str(work / "server.log")}
@@ -355,16 +365,18 @@ async def server_rounds(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                                                                 "name": "model.ipynb", "kernel": {"name": "python3"}})
         kid = session["kernel"]["id"]
         ws = await server.ws(kid)
-        for cell in state_cells("model", args, work / "train.log"):
+        for cell in cells:
             await run_cell(ws, cell, timeout=CELL_TIMEOUT)
-        _, expected, _ = await run_cell(ws, SERVER_CELL, timeout=CELL_TIMEOUT)
+        _, expected, _ = await run_cell(ws, check, timeout=CELL_TIMEOUT)
         out["cell_output"] = expected.strip()
         for mode in ("cold", "warm", "criu"):
             for i in range(args.server_rounds):
                 print(f"  [server] {mode} {i + 1}", flush=True)
                 try:
+                    t0 = time.perf_counter()
                     st = await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST",
                                               {"engine": "criu" if mode == "criu" else "snapshot"})
+                    suspend_s = time.perf_counter() - t0
                 except Exception as exc:  # no CRIU here: the other modes' figures stand
                     out["rounds"].append({"mode": mode, "round": i + 1, "failed": error_text(exc)[:500]})
                     break
@@ -373,10 +385,10 @@ async def server_rounds(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     ws = await server.ws(kid)
                     await asyncio.sleep(args.warm_wait)
                 t0 = time.perf_counter()
-                _, answer, _ = await run_cell(ws, SERVER_CELL, timeout=CELL_TIMEOUT)
+                _, answer, _ = await run_cell(ws, check, timeout=CELL_TIMEOUT)
                 cell_s = time.perf_counter() - t0
                 restored = await _running(server, kid)
-                out["rounds"].append({"mode": mode, "round": i + 1, "resume_and_cell_s": cell_s,
+                out["rounds"].append({"mode": mode, "round": i + 1, "suspend_s": suspend_s, "resume_and_cell_s": cell_s,
                                       "checkpoint_bytes": st["checkpoint"]["size"], "timings": restored["timings"],
                                       "same": answer == expected})
         ws.close()
@@ -396,19 +408,28 @@ async def _running(server: Any, kid: str) -> dict[str, Any]:
 
 
 def server_table(server: dict[str, Any]) -> str:
-    lines = [f"{'mode':<6} {'round':>5} {'restore s':>9} {'start s':>8} {'load s':>7} {'resume+cell s':>13} "
-             f"{'MiB':>7}  same", "-" * 70]
+    lines = [f"{'mode':<6} {'round':>5} {'suspend s':>9} {'restore s':>9} {'start s':>8} {'load s':>7} "
+             f"{'resume+cell s':>13} {'MiB':>8}  same", "-" * 80]
+    steps = []
     for r in server["rounds"]:
         if "failed" in r:
             lines.append(f"{r['mode']:<6} {r['round']:>5}  FAILED: {r['failed']}")
             continue
         t = r["timings"]
-        lines.append(f"{r['mode']:<6} {r['round']:>5} {fmt_s(t.get('total')):>9} {fmt_s(t.get('kernel_start')):>8} "
-                     f"{fmt_s(t.get('load')):>7} {fmt_s(r['resume_and_cell_s']):>13} {fmt_mb(r['checkpoint_bytes'])}  "
-                     f"{r['same']}{'  (warm_start)' if t.get('warm_start') else ''}")
+        lines.append(f"{r['mode']:<6} {r['round']:>5} {fmt_s(r.get('suspend_s')):>9} {fmt_s(t.get('total')):>9} "
+                     f"{fmt_s(t.get('kernel_start')):>8} {fmt_s(t.get('load')):>7} {fmt_s(r['resume_and_cell_s']):>13} "
+                     f"{fmt_mb(r['checkpoint_bytes'])}  {r['same']}{'  (warm_start)' if t.get('warm_start') else ''}")
+        if "in_kernel_total_s" in t:
+            steps.append(f"{r['mode']} {r['round']}: in the kernel {t['in_kernel_total_s']:.2f} s: modules "
+                         f"{t['in_kernel_modules_s']:.2f} s, unpickling {t['in_kernel_unpickle_s']:.2f} s"
+                         + (f" (of it waiting for tensor bytes {t['in_kernel_storage_wait_s']:.2f} s); "
+                            f"{t['in_kernel_storage_bytes'] / 2**20:.0f} MiB of tensors: allocated in "
+                            f"{t['in_kernel_storage_setup_s']:.2f} s (creating CUDA contexts where none was), "
+                            f"all read {t['in_kernel_storage_in_s']:.2f} s after"
+                            if "in_kernel_storage_bytes" in t else ""))
     lines.append("start: the snapshot restore's process start (warm: what it still waited for the warm kernel); "
                  "load: in the kernel, with a fresh kernel's own start and imports")
-    return "\n".join(lines)
+    return "\n".join(lines + steps)
 
 
 # ---- driver ---------------------------------------------------------------------------------------
@@ -549,6 +570,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     ap.add_argument("--server-rounds", type=int, default=0,
                     help="rounds of the model state's restore through a real server per mode (cold, warm, criu)")
+    ap.add_argument("--w2", action="store_true",
+                    help="the server rounds hold W2 (a 2.7 B-parameter model on cuda:0) instead of the model state")
     ap.add_argument("--warm-wait", type=float, default=15.0,
                     help="seconds between opening the notebook and running the cell in the warm rounds")
     ap.add_argument("--json-out", help="also write the results as JSON to this file")

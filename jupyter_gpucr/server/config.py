@@ -171,8 +171,10 @@ class GPUCR(Configurable):
         "start its process in the background and have it import the modules its saved variables need, so that a "
         "restore that follows only loads them. Until that restore the kernel stays suspended for every client. The "
         "process is stopped when the kernel was not restored within this many seconds, and when it is shut down or "
-        "restarted, when host memory is needed for another kernel, or when the server stops. Only where the host "
-        "memory budget has room for the restore; never on a GPU. 0: off.",
+        "restarted, when host memory (or room on a GPU it holds a context on) is needed for another kernel, or when "
+        "the server stops. Only where the host memory budget has room for the restore. Where PyTorch tensors were "
+        "saved on a GPU, the process also creates the CUDA context of the GPU they will be loaded on, if that GPU has "
+        "room for one, and holds no other GPU memory. 0: off.",
     )
     checkpointable_kernels = Bool(
         True, config=True,

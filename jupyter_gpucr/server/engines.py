@@ -218,7 +218,8 @@ class SnapshotEngine(SuspendEngine):
             manifest = cast(Manifest, {
                 **extra, "name": kernel_id, "created": time.time(), "engine": self.name,
                 "size": sum(int(f["size"]) for f in files.values()), "files": files,
-                "snapshot": {"kept": report.get("kept", []), "lost": report.get("lost", []), "bytes": report.get("bytes")},
+                "snapshot": {"kept": report.get("kept", []), "lost": report.get("lost", []), "bytes": report.get("bytes"),
+                             "devices": report.get("devices", {})},
                 "gpu": {"used": [], "all": []},
                 "timings": {"save": t1 - t0, "checksum": time.perf_counter() - t1, "total": time.perf_counter() - t0},
             })
@@ -250,10 +251,9 @@ class SnapshotEngine(SuspendEngine):
             # attribute (checked against jupyter_client 8.10); a fresh start must reuse them.
             await km.start_kernel(**(km._launch_args or {}))
         t2 = time.perf_counter()
-        device = f"cuda:{gpu}" if str(gpu).isdigit() else None
         try:
-            report = await kernel_rpc.with_client(km, kernel_rpc.load, ckpt.path / SNAPSHOT_PAYLOAD, device=device,
-                                                  timeout=3600)
+            report = await kernel_rpc.with_client(km, kernel_rpc.load, ckpt.path / SNAPSHOT_PAYLOAD,
+                                                  device=kernel_rpc.load_device(gpu), timeout=3600)
         except kernel_rpc.SnapshotError as e:
             await km.stop_process()
             if isinstance(km.provisioner, GPUCRProvisioner):
@@ -262,8 +262,10 @@ class SnapshotEngine(SuspendEngine):
                               "The checkpoint is kept; retry, or start a fresh kernel.") from e
         t3 = time.perf_counter()
         # kernel_start: launching the fresh kernel, or waiting for the warm one's imports still under way;
-        # load: the fresh kernel's own start and imports are in it, the warm one's are done
-        timings = {"verify": t1 - t0, "kernel_start": t2 - t1, "load": t3 - t2, "total": t3 - t0, "warm_start": warm}
+        # load: the fresh kernel's own start and imports are in it, the warm one's are done; in_kernel_*:
+        # the load's own steps (modules imported, unpickling, the tensors' bytes read ahead of it)
+        timings = {"verify": t1 - t0, "kernel_start": t2 - t1, "load": t3 - t2, "total": t3 - t0, "warm_start": warm,
+                   **{f"in_kernel_{k}": v for k, v in report.get("timings", {}).items()}}
         return Resumed(timings, report.get("lost", []), report.get("warnings", []))
 
 

@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["HISTORY_FILE", "SNAPSHOT_PAYLOAD", "SnapshotError", "follow_moved_history", "load", "offload", "prepare_load", "prepare_suspend",
+__all__ = ["HISTORY_FILE", "SNAPSHOT_PAYLOAD", "SnapshotError", "follow_moved_history", "load", "load_device", "offload",
+           "prepare_load", "prepare_suspend",
            "reload", "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
@@ -96,10 +97,19 @@ async def load(client: Any, path: str | os.PathLike[str], device: str | Mapping[
     return await _call(client, "snapshot_load", {"path": os.path.abspath(path), "device": device}, timeout)
 
 
-async def prepare_load(client: Any, path: str | os.PathLike[str], timeout: float | None = None) -> dict[str, Any]:
+async def prepare_load(client: Any, path: str | os.PathLike[str], device: str | None = None, gpu: bool = False,
+                       timeout: float | None = None) -> dict[str, Any]:
     """Have a fresh kernel import what loading the snapshot at ``path`` will need, ahead of the load
-    (``gpucr_hooks.snapshot_prepare``); returns what it imported and what failed."""
-    return await _call(client, "snapshot_prepare", {"path": os.path.abspath(path)}, timeout)
+    (``gpucr_hooks.snapshot_prepare``), and with ``gpu`` create the CUDA contexts the load onto
+    ``device`` will use; returns what it imported, the GPUs it readied and what failed."""
+    return await _call(client, "snapshot_prepare", {"path": os.path.abspath(path), "device": device, "gpu": gpu},
+                       timeout)
+
+
+def load_device(gpu: str) -> str | None:
+    """The device a snapshot load is told for a restore onto ``gpu`` (an index: ``cuda:N``; else
+    None: every tensor goes back to the GPU it was saved on)."""
+    return f"cuda:{gpu}" if str(gpu).isdigit() else None
 
 
 async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[str, Any]:

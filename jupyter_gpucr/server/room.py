@@ -251,11 +251,22 @@ class RoomMaker:
             needs.append(Need(need, self.host_places))
         metadata = getattr(kernel_spec, "metadata", None) or {}
         gpu_need = parse_size(metadata.get("gpucr_gpu_memory", self.options.kernel_gpu_memory))
-        first = _first_visible_gpu(getattr(kernel_spec, "env", None) or {}, gpus.list_gpus())
+        first = _visible_gpu(getattr(kernel_spec, "env", None) or {}, gpus.list_gpus(), 0)
         if gpu_need and first is not None:
             needs.append(Need(gpu_need + GPU_MARGIN, lambda skip: self.gpu_places(first.name, first.uuid, first.uuid, skip)))
         async with self._room(kernel_id, "start", needs):
             yield
+
+    def gpu_room_for_context(self, kernel_spec: Any, devices: Iterable[int]) -> bool:
+        """Whether each GPU a kernel of ``kernel_spec`` numbers ``devices`` (its ``cuda:N``) has room
+        for a CUDA context now, beside the room reserved for others, without suspending any kernel."""
+        machine = gpus.list_gpus()
+        env = getattr(kernel_spec, "env", None) or {}
+        for index in devices:
+            g = _visible_gpu(env, machine, index)
+            if g is None or self._gpu_place(g, set()).free < GPU_MARGIN:
+                return False
+        return True
 
     def request(self, kernel_id: str, kernel_spec: Any = None) -> int:
         """The memory a kernel is declared to take (kernelspec metadata ``gpucr_memory``, else
@@ -284,9 +295,8 @@ class RoomMaker:
                 rules = self.rules(kernel_id)
                 places = need.places({kernel_id})
                 decision = decide(need.bytes, [_without(p, tried) for p in places], rules)
-                if (decision.place is None or decision.victims) and any(p.key == "host" for p in places) \
-                        and await self.suspender.warm.drop_all(but=kernel_id):
-                    continue  # processes started ahead of restores go first: they hold nothing of the user's
+                if (decision.place is None or decision.victims) and await self._warm_give_way(kernel_id, places):
+                    continue
                 if decision.place is None:
                     self._emit(kernel_id, why, "refused", decision, rules)
                     raise PreconditionError(decision.why, _hint(places, rules))
@@ -301,6 +311,14 @@ class RoomMaker:
                 await self._settle(need, decision.place.key, kernel_id)
             raise PreconditionError(f"No room could be made for {human(need.bytes)} after {MAX_ROUNDS} rounds of "
                                     "suspending idle kernels.", "Try again; the checkpoint is kept.")
+
+    async def _warm_give_way(self, kernel_id: str, places: list[Place]) -> int:
+        """Stop processes started ahead of restores before any kernel is suspended (they hold nothing
+        of the user's): every one where host memory is wanted, those holding a CUDA context on the
+        GPUs wanted. How many were stopped."""
+        if any(p.key == "host" for p in places):
+            return await self.suspender.warm.drop_all(but=kernel_id)
+        return await self.suspender.warm.drop_all(but=kernel_id, among={r.kernel_id for p in places for r in p.residents})
 
     async def _suspend(self, kernel_id: str, why: str, decision: Decision, tried: set[str]) -> None:
         waiting = why == "restore" and self.lifecycle.state_of(kernel_id) == RESTORING
@@ -396,13 +414,18 @@ class RoomMaker:
         return [self._gpu_place(g, skip) for g in cands if g.name == model]
 
     def _gpu_place(self, g: gpus.Gpu, skip: set[str]) -> Place:
+        """GPU ``g``; what the ``skip`` kernels hold on it counts as free: it is part of what they
+        ask for (a kernel started ahead of its restore holds its CUDA context already)."""
         by_pid = self.suspender.kernels_by_pid()
         held: dict[str, int] = {}
+        own = 0
         for pid, nbytes in g.processes.items():
             kernel_id = by_pid.get(pid)
-            if kernel_id is not None and kernel_id not in skip:
+            if kernel_id in skip:
+                own += nbytes
+            elif kernel_id is not None:
                 held[kernel_id] = held.get(kernel_id, 0) + nbytes
-        free = g.memory_free - sum(self._reserved_on(g.uuid, skip).values())
+        free = g.memory_free + own - sum(self._reserved_on(g.uuid, skip).values())
         return Place(g.uuid, f"on GPU {g.index}", free, tuple(self._resident(k, b) for k, b in held.items()),
                      target=str(g.index))
 
@@ -425,11 +448,14 @@ class RoomMaker:
         return out
 
 
-def _first_visible_gpu(env: dict[str, str], machine: list[gpus.Gpu]) -> gpus.Gpu | None:
-    """The GPU a new kernel's CUDA programs take by default."""
-    visible = (env.get("CUDA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+def _visible_gpu(env: dict[str, str], machine: list[gpus.Gpu], index: int) -> gpus.Gpu | None:
+    """The GPU a kernel's CUDA programs call ``cuda:index`` (``cuda:0``: the one they take by default)."""
+    visible = [v.strip() for v in (env.get("CUDA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")
+               if v.strip()]
+    if visible and index >= len(visible):
+        return None
     try:
-        return gpus.parse_gpu_spec(visible, machine) if machine else None
+        return gpus.parse_gpu_spec(visible[index] if visible else str(index), machine) if machine else None
     except GPUCRError:
         return None
 

@@ -13,9 +13,11 @@ answer from disk or wait, as before) and its execution state do not change, no r
 process and only the server talks to it. One process per kernel at most. It is stopped, and the
 kernel's process record put back as its suspend left it, when the kernel was not restored within
 ``c.GPUCR.warm_start_timeout_s`` of being opened, when it is shut down or restarted, when host memory
-is needed for another kernel (before any kernel is suspended for it) and when the server stops. A
-warm start is only made where the host memory budget has room for the restore, and never touches a
-GPU.
+(or memory of a GPU it holds a context on) is needed for another kernel (before any kernel is
+suspended for it) and when the server stops. A warm start is only made where the host memory budget
+has room for the restore. Where the snapshot holds CUDA tensors, the process also creates the CUDA
+context of each GPU the load will use, if those GPUs have room for one now: it then holds a context
+there (counted as the kernel's on that GPU), no other GPU memory.
 """
 from __future__ import annotations
 
@@ -74,8 +76,11 @@ class WarmStarts:
             record: ProcRecord | None = self.suspender.store.read_proc(kernel_id)
         except GPUCRError:
             record = None
+        device = kernel_rpc.load_device(self.options.gpu_placement)  # as the restore will tell the load
+        gpu = self._gpus_have_room(km, ckpt, device)
         launch = asyncio.ensure_future(km.start_warm())
-        warm = _Warm(ckpt.id, km, record, launch, asyncio.ensure_future(self._prepare(kernel_id, km, launch, ckpt)))
+        warm = _Warm(ckpt.id, km, record, launch,
+                     asyncio.ensure_future(self._prepare(kernel_id, km, launch, ckpt, device, gpu)))
         self._warm[kernel_id] = warm
         self._expire_later(kernel_id, warm)
 
@@ -97,15 +102,25 @@ class WarmStarts:
             return None
         return ckpt
 
-    async def _prepare(self, kernel_id: str, km: Any, launch: asyncio.Task[None], ckpt: Checkpoint) -> dict[str, Any]:
+    def _gpus_have_room(self, km: Any, ckpt: Checkpoint, device: str | None) -> bool:
+        """Whether the kernel is to create its CUDA contexts ahead: its snapshot holds arrays saved on
+        GPUs, and each GPU the load puts them on (``device``, else where they were saved) has room
+        for a context now."""
+        saved = [d for d in (ckpt.manifest.get("snapshot") or {}).get("devices", {}) if d.startswith("cuda")]
+        indices = {int((device or d).partition(":")[2] or 0) for d in saved}
+        return bool(indices) and self.suspender.room.gpu_room_for_context(km.kernel_spec, indices)
+
+    async def _prepare(self, kernel_id: str, km: Any, launch: asyncio.Task[None], ckpt: Checkpoint, device: str | None,
+                       gpu: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         await asyncio.shield(launch)
         report: dict[str, Any] = await kernel_rpc.with_client(km, kernel_rpc.prepare_load, ckpt.path / SNAPSHOT_PAYLOAD,
-                                                              timeout=PREPARE_TIMEOUT_S)
-        self.log.info("gpucr: kernel %s was started ahead of its restore in %.2f s (a client opened it); it imported %s",
-                      kernel_id, time.perf_counter() - t0, ", ".join(report["imported"]) or "nothing")
+                                                              device=device, gpu=gpu, timeout=PREPARE_TIMEOUT_S)
+        self.log.info("gpucr: kernel %s was started ahead of its restore in %.2f s (a client opened it); it imported %s%s",
+                      kernel_id, time.perf_counter() - t0, ", ".join(report["imported"]) or "nothing",
+                      f" and readied {', '.join(report['gpus'])}" if report.get("gpus") else "")
         for failed in report["failed"]:
-            self.log.warning("gpucr: kernel %s started ahead of its restore could not import %s: %s", kernel_id,
+            self.log.warning("gpucr: kernel %s started ahead of its restore could not ready %s: %s", kernel_id,
                              failed["name"], failed["reason"])
         return report
 
@@ -151,11 +166,14 @@ class WarmStarts:
         if warm is not None:
             await self._stop(kernel_id, warm)
 
-    async def drop_all(self, but: str | None = None) -> int:
-        """Stop every warm process (but ``but``'s): host memory is needed, or the server stops. How
-        many were stopped or being stopped."""
-        warms = [(k, self._warm.pop(k)) for k in list(self._warm) if k != but]
-        stopping = [k for k in self._stopping if k != but]
+    async def drop_all(self, but: str | None = None, among: set[str] | None = None) -> int:
+        """Stop every warm process (but ``but``'s; with ``among``, only those of these kernels):
+        memory is needed, or the server stops. How many were stopped or being stopped."""
+        def dropped(k: str) -> bool:
+            return k != but and (among is None or k in among)
+
+        warms = [(k, self._warm.pop(k)) for k in list(self._warm) if dropped(k)]
+        stopping = [k for k in self._stopping if dropped(k)]
         await asyncio.gather(*(self._stop(k, w) for k, w in warms), *(self._until_stopped(k) for k in stopping))
         return len(warms) + len(stopping)
 

@@ -2,21 +2,24 @@
 
 Raw bytes are written as fast as the disk takes them, do not depend on the device they came
 from, and on load each array is read straight into its own buffer on the device that the
-:class:`~gpucr_hooks.devicemap.DeviceMap` picks. The pickle keeps only a small persistent id:
-``(kind, index, dtype, shape/device...)``; ``index`` points into a table of
-``[offset, nbytes]`` stored in the manifest.
+:class:`~gpucr_hooks.devicemap.DeviceMap` picks (PyTorch storages are read ahead of the unpickler,
+``readahead``). The pickle keeps only a small persistent id: ``(kind, index, dtype,
+shape/device...)``; ``index`` points into a table of ``[offset, nbytes, kind, device]`` stored in
+the manifest (snapshots written before have ``[offset, nbytes]``: their storages are read one at a
+time, when the unpickler asks).
 """
 
 from __future__ import annotations
 
-import io
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from .devicemap import DeviceMap
 from .files import readinto_exactly
+from .readahead import Readahead, discard_prepared, torch_storages
 
 CHUNK = 64 << 20
 """Size of the pinned host buffer that stages GPU <-> disk copies (pageable copies are far slower)."""
@@ -26,6 +29,7 @@ CHUNK = 64 << 20
 class _Source:
     obj: Any  # what is written; holding it keeps ids of registered objects unique
     nbytes: int
+    kind: str  # "numpy", "torch", "cupy", "jax"
     device: str
     write: Callable[[Any, BinaryIO, _Staging], None]
 
@@ -86,16 +90,17 @@ class BlobWriter:
             totals[self.sources[i].device] = totals.get(self.sources[i].device, 0) + self.sources[i].nbytes
         return totals
 
-    def write(self, f: BinaryIO, used: Iterable[int]) -> list[list[int] | None]:
-        """Write the used blobs back to back; return ``[offset, nbytes]`` per index (None: unused)."""
-        table: list[list[int] | None] = [None] * len(self.sources)
+    def write(self, f: BinaryIO, used: Iterable[int]) -> list[list[Any] | None]:
+        """Write the used blobs back to back; return ``[offset, nbytes, kind, device]`` per index
+        (None: unused)."""
+        table: list[list[Any] | None] = [None] * len(self.sources)
         for index in sorted(used):
             source = self.sources[index]
             offset = f.tell()
             source.write(source.obj, f, self._staging)
             if f.tell() - offset != source.nbytes:
                 raise RuntimeError(f"wrote {f.tell() - offset} bytes for an array of {source.nbytes}")
-            table[index] = [offset, source.nbytes]
+            table[index] = [offset, source.nbytes, source.kind, source.device]
         return table
 
     def _add(self, key: Any, obj: Any, nbytes: int, device: str,
@@ -103,19 +108,60 @@ class BlobWriter:
         index = self._index.get(key)
         if index is None:
             index = self._index[key] = len(self.sources)
-            self.sources.append(_Source(obj, int(nbytes), device, write))
+            self.sources.append(_Source(obj, int(nbytes), key[0], device, write))
         return index
 
 
 class BlobReader:
-    """Turns persistent ids back into arrays, each read once even if referred to many times."""
+    """Turns persistent ids back into arrays, each read once even if referred to many times, from
+    the data file at ``path``. A context manager: closing it stops the reads ahead."""
 
-    def __init__(self, f: io.BufferedIOBase, table: list[list[int] | None], devices: DeviceMap) -> None:
-        self._f = f
+    def __init__(self, path: Path, table: list[list[Any] | None], devices: DeviceMap) -> None:
         self._table = table
         self.devices = devices
         self._loaded: dict[int, Any] = {}
         self._staging = _Staging()
+        self._f = open(path, "rb")
+        try:
+            self._readahead = self._read_ahead(path)
+        except BaseException:
+            self._f.close()
+            raise
+
+    def __enter__(self) -> BlobReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._readahead is not None:
+            self._readahead.close()
+        discard_prepared()
+        self._f.close()
+
+    def timings(self) -> dict[str, float]:
+        """How the reads ahead went: bytes, seconds to allocate the storages (creating CUDA contexts
+        in a fresh kernel), until the last byte was in, and that the unpickler waited for bytes."""
+        ahead = self._readahead
+        if ahead is None:
+            return {}
+        return {"storage_bytes": ahead.nbytes, "storage_setup_s": ahead.setup_s,
+                "storage_in_s": ahead.done_s if ahead.done_s is not None else -1.0, "storage_wait_s": ahead.waited}
+
+    def _read_ahead(self, path: Path) -> Readahead | None:
+        """Start reading the snapshot's PyTorch storages ahead; None where there are none (or
+        their table predates this), or where PyTorch cannot give them memory: then each is read
+        when the unpickler asks, and what cannot be loaded is reported as before."""
+        if not any(entry is not None and len(entry) >= 4 and entry[2] == "torch" for entry in self._table):
+            return None
+        try:
+            import torch
+        except ImportError:  # the unpickler reports the variables that need it
+            return None
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        storages = torch_storages(self._table, self.devices, count)
+        try:
+            return Readahead(torch, path, storages)
+        except (RuntimeError, OSError):  # out of GPU memory, a GPU that fails: loaded one by one
+            return None
 
     def load(self, pid: tuple[Any, ...]) -> Any:
         kind, index, *rest = pid
@@ -144,6 +190,19 @@ class BlobReader:
     def _load_torch(self, index: int, dtype: Any, saved_device: str) -> Any:
         import torch
 
+        if self._readahead is not None and index in self._readahead:
+            flat = self._readahead.take(index)
+        else:
+            flat = self._read_torch(index, saved_device)
+        untyped = flat.untyped_storage()
+        if dtype is None:
+            return untyped
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+    def _read_torch(self, index: int, saved_device: str) -> Any:
+        """A storage read when the unpickler asks (a snapshot whose table predates read ahead)."""
+        import torch
+
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         device = self.devices.resolve(saved_device, count)
         nbytes = self._seek(index)
@@ -156,10 +215,7 @@ class BlobReader:
                 flat[start:start + size].copy_(stage[:size])
         else:
             readinto_exactly(self._f, flat.numpy().data)
-        untyped = flat.untyped_storage()
-        if dtype is None:
-            return untyped
-        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        return flat
 
     def _load_cupy(self, index: int, dtype: Any, shape: tuple[int, ...], saved_device: str) -> Any:
         host = self._load_numpy(index, dtype, shape, False)

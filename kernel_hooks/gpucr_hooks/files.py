@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import os
 import shutil
@@ -55,6 +56,17 @@ def readinto_exactly(f: io.BufferedIOBase, buffer: memoryview) -> None:
         if not n:
             raise EOFError(f"{getattr(f, 'name', 'file')} ended early")
         buffer = buffer[n:]
+
+
+def pread_into(fd: int, address: int, n: int, offset: int) -> None:
+    """Read ``n`` bytes at ``offset`` of ``fd`` into memory at ``address`` (the GIL released
+    while the kernel copies); a short file is an error."""
+    view = memoryview((ctypes.c_char * n).from_address(address)).cast("B")
+    while len(view):
+        got = os.preadv(fd, [view], offset)
+        if not got:
+            raise EOFError(f"the file ends at byte {offset}, before the bytes it should hold")
+        view, offset = view[got:], offset + got
 
 
 def _fsync(directory: Path) -> None:

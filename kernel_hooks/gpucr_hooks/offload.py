@@ -416,23 +416,25 @@ class _Staging:
             yield off, n, buf, done
 
     def upload(self, pool: ThreadPoolExecutor, read: Callable[[int, int, int], None],
-               targets: list[tuple[Any, int, int]]) -> None:
+               targets: list[tuple[Any, int, int]], landed: Callable[[int], None] | None = None) -> None:
         """Bytes at each ``(dst, offset, size)`` into ``dst``; ``read(address, n, offset)`` fills a
         staging buffer (from the files) and runs ahead on the pool while earlier
-        chunks are copied up."""
-        chunks: list[tuple[Any, int, int, Any, threading.Event, Any]] = []
-        for dst, offset, size in targets:
+        chunks are copied up. ``landed(i)`` is called once all of ``targets[i]`` is on its device."""
+        chunks: list[tuple[Any, int, int, Any, threading.Event, Any, int | None]] = []
+        for i, (dst, offset, size) in enumerate(targets):
             for off in range(0, size, CHUNK):
                 n = min(CHUNK, size - off)
-                buf, done = self._take() if len(chunks) < len(self.buffers) else self._upload_one(chunks.pop(0))
-                chunks.append((dst, off, n, buf, done, pool.submit(read, buf.data_ptr(), n, offset + off)))
+                buf, done = self._take() if len(chunks) < len(self.buffers) else self._upload_one(chunks.pop(0), landed)
+                chunks.append((dst, off, n, buf, done, pool.submit(read, buf.data_ptr(), n, offset + off),
+                               i if off + n == size else None))
         while chunks:
-            _buf, done = self._upload_one(chunks.pop(0))
+            _buf, done = self._upload_one(chunks.pop(0), landed)
             done.set()
 
-    def _upload_one(self, chunk: tuple[Any, int, int, Any, threading.Event, Any]) -> tuple[Any, threading.Event]:
+    def _upload_one(self, chunk: tuple[Any, int, int, Any, threading.Event, Any, int | None],
+                    landed: Callable[[int], None] | None) -> tuple[Any, threading.Event]:
         """Copy one chunk up once it is read; its buffer is free again (returned for reuse)."""
-        dst, off, n, buf, done, read = chunk
+        dst, off, n, buf, done, read, last_of = chunk
         t0 = time.perf_counter()
         read.result()
         if self.unregistered:
@@ -441,6 +443,8 @@ class _Staging:
         dst[off:off + n].copy_(buf[:n])  # synchronous from pinned memory: the buffer is free after
         self.read_wait += t1 - t0
         self.copy_time += time.perf_counter() - t1
+        if last_of is not None and landed is not None:
+            landed(last_of)
         return buf, done
 
     def drain(self) -> None:

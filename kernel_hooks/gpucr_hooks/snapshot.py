@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import namespace
+from . import namespace, readahead
 from .blobs import BlobReader, BlobWriter
 from .devicemap import DeviceMap
 from .files import atomic_directory, private_file, write_private
@@ -49,7 +49,8 @@ class _Probe:
 def snapshot_save(path: str) -> dict[str, Any]:
     """Save the user namespace of the running IPython shell into the new directory ``path``.
 
-    Returns ``{"kept": [names], "lost": [{"name", "type", "reason"}], "bytes": int, "path": str}``.
+    Returns ``{"kept": [names], "lost": [{"name", "type", "reason"}], "bytes": int, "path": str,
+    "devices": {device: array bytes}}``.
     ``path`` appears only once the snapshot is complete; on any error nothing is left behind.
     """
     shell = _shell()
@@ -94,7 +95,8 @@ def snapshot_save(path: str) -> dict[str, Any]:
         }
         write_private(staging / "manifest.json", json.dumps(manifest, indent=1).encode())
         total = _size(staging)
-    return {"kept": manifest["kept"], "lost": manifest["lost"], "bytes": total, "path": str(target)}
+    return {"kept": manifest["kept"], "lost": manifest["lost"], "bytes": total, "path": str(target),
+            "devices": manifest["devices"]}
 
 
 def snapshot_load(path: str, device: str | Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -103,8 +105,10 @@ def snapshot_load(path: str, device: str | Mapping[str, str] | None = None) -> d
     Arrays go back to the device they were saved on, or where ``device`` says: one device
     for all GPUs (``"cuda:1"``, ``"cpu"``) or a map (``{"cuda:0": "cuda:1"}``); without CUDA
     they land on the CPU with a warning. Returns ``{"restored": [names], "lost": [...],
-    "warnings": [...]}``; ``lost`` holds what the save lost plus anything that failed to load.
+    "warnings": [...], "timings": {...}}``; ``lost`` holds what the save lost plus anything that
+    failed to load; ``timings`` says where the load's time went (seconds, and the tensor bytes).
     """
+    t0 = time.perf_counter()
     shell = _shell()
     root = Path(path).expanduser().absolute()
     manifest = _manifest(root)
@@ -120,8 +124,8 @@ def snapshot_load(path: str, device: str | Mapping[str, str] | None = None) -> d
         except Exception as exc:  # any import error: the name is lost, the rest still loads
             lost.append({"name": name, "type": "module", "reason": f"import {module} failed: {exc}"})
     builtins = shell.user_ns.get("__builtins__")  # cloudpickle sets its own when it binds functions
-    with open(root / "data.bin", "rb") as data:
-        reader = BlobReader(data, manifest["blobs"], devices)
+    t_modules = time.perf_counter()
+    with BlobReader(root / "data.bin", manifest["blobs"], devices) as reader:
         for group in manifest["groups"]:
             try:
                 with open(root / group["file"], "rb") as f:
@@ -130,26 +134,30 @@ def snapshot_load(path: str, device: str | Mapping[str, str] | None = None) -> d
                 lost.extend({"name": n, "type": manifest["variables"][n]["type"],
                              "reason": f"could not be loaded: {type(exc).__name__}: {exc}"}
                             for n in group["names"])
+        timings = {"modules_s": t_modules - t0, "unpickle_s": time.perf_counter() - t_modules, **reader.timings()}
     if builtins is not None:
         shell.user_ns["__builtins__"] = builtins
     outputs = {int(n[4:-1]): restored.pop(n) for n in list(restored) if n.startswith("Out[")}
     shell.user_ns.update(restored)
     namespace.restore_history(shell, json.loads((root / "history.json").read_text()), outputs)
+    timings["total_s"] = time.perf_counter() - t0
     return {"restored": list(restored), "lost": lost,
-            "warnings": devices.warnings + _version_changes(manifest["packages"])}
+            "warnings": devices.warnings + _version_changes(manifest["packages"]), "timings": timings}
 
 
-def snapshot_prepare(path: str) -> dict[str, Any]:
+def snapshot_prepare(path: str, device: str | Mapping[str, str] | None = None, gpu: bool = False) -> dict[str, Any]:
     """Import, in a fresh kernel that is about to load the snapshot at ``path``, what its load is
     expected to import: the packages the snapshot recorded (NumPy, PyTorch, pandas... where the
     saving kernel had them loaded, and the package of each kept variable), the modules bound to
     names, and the module of each saved value's type. The server calls this in a kernel it started
     ahead of a restore, so that the restore only loads.
 
-    Binds no name in the user namespace and starts no GPU: the GPU the load puts arrays on is chosen
-    when the restore begins, and a CUDA context holds GPU memory. Returns ``{"imported": [names],
-    "failed": [{"name", "reason"}], "seconds": float}``; what fails here fails again, and is
-    reported, at load.
+    With ``gpu``, also create the CUDA context of each GPU the load will put PyTorch tensors on
+    (``device`` as for :func:`snapshot_load`) and the pinned buffers the load copies through; the
+    server asks for it only where those GPUs have room for a context. No GPU memory is held beyond
+    the contexts. Binds no name in the user namespace. Returns ``{"imported": [names], "failed":
+    [{"name", "reason"}], "gpus": [devices], "seconds": float}``; what fails here fails again, and
+    is reported, at load.
     """
     t0 = time.perf_counter()
     manifest = _manifest(Path(path).expanduser().absolute())
@@ -160,7 +168,13 @@ def snapshot_prepare(path: str) -> dict[str, Any]:
             imported.append(_import_first(candidates))
         except Exception as exc:  # any import error: reported, the others are still imported
             failed.append({"name": candidates[0], "reason": f"{type(exc).__name__}: {exc}"})
-    return {"imported": imported, "failed": failed, "seconds": time.perf_counter() - t0}
+    gpus: list[str] = []
+    if gpu and "torch" in sys.modules:
+        try:
+            gpus = readahead.prepare(manifest["blobs"], DeviceMap(device))["devices"]
+        except Exception as exc:  # no context now: the load creates it
+            failed.append({"name": "CUDA", "reason": f"{type(exc).__name__}: {exc}"})
+    return {"imported": imported, "failed": failed, "gpus": gpus, "seconds": time.perf_counter() - t0}
 
 
 def _manifest(root: Path) -> dict[str, Any]:

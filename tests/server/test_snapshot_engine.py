@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import stat
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
@@ -204,8 +205,9 @@ def test_a_fresh_kernel_imports_what_the_load_needs_ahead_and_binds_nothing(tmp_
         async with kernel() as fresh:
             text, count = await execute(fresh, "print(sorted(m for m in ('numpy', 'torch') if m in __import__('sys').modules))")
             assert text == "[]\n"
-            report = await snapshot.prepare_load(fresh, target)
+            report = await snapshot.prepare_load(fresh, target, gpu=True)  # its tensors are on the CPU: no GPU readied
             assert {"numpy", "torch", "sys", "torch.nn.modules.container"} <= set(report["imported"]), report
+            assert report["gpus"] == []
             assert [f["name"] for f in report["failed"]] == ["gone_tomorrow"]
             assert "No module named 'gone_tomorrow'" in report["failed"][0]["reason"]
             text, after = await execute(fresh, "print(sorted(m for m in ('numpy', 'torch') if m in __import__('sys').modules),"
@@ -215,6 +217,56 @@ def test_a_fresh_kernel_imports_what_the_load_needs_ahead_and_binds_nothing(tmp_
             assert set(loaded["restored"]) == set(saved["kept"]) - {"gone_tomorrow"}
             text, _ = await execute(fresh, "print(tuple(model(__import__('torch').zeros(1, 2)).shape))")
             assert "(1, 1)" in text.splitlines()  # and IPython's note that this test's own cells took the numbers
+
+    run(scenario())
+
+
+# Tensors whose storages span several of the reads ahead (16 MiB each; the last one partial), one
+# storage shared by two tensors, a parameter with a gradient, and many small ones.
+TENSORS = ("import torch\ntorch.manual_seed(0)\n"
+           "big = torch.randn((10 << 20) + 3)\n"
+           "half = big[1::2]\n"
+           "ints = torch.randint(-9, 9, (3, 5 << 20), dtype=torch.int16)\n"
+           "layer = torch.nn.Linear(64, 32)\n"
+           "layer(torch.ones(2, 64)).sum().backward()\n"
+           "small = [torch.full((k,), float(k)) for k in range(40)]")
+TENSOR_FINGERPRINT = """(lambda hashlib, json: print(json.dumps({
+    n: hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    for n, t in [("big", big), ("half", half), ("ints", ints), ("weight", layer.weight), ("grad", layer.weight.grad),
+                 *((f"small{k}", t) for k, t in enumerate(small))]} | {
+    "shared": half.untyped_storage().data_ptr() == big.untyped_storage().data_ptr()})))(
+    __import__("hashlib"), __import__("json"))"""
+
+
+def test_tensors_read_ahead_come_back_bit_for_bit_as_one_at_a_time(tmp_path: Path) -> None:
+    """The storages are read ahead of the unpickler (several threads, large reads) and equal the
+    saved ones bit for bit, as a snapshot written before its table said what each array is loads
+    them one at a time, when the unpickler meets them."""
+    target, older = tmp_path / "snap", tmp_path / "older"
+
+    async def scenario() -> None:
+        async with kernel() as original:
+            await execute(original, TENSORS)
+            saved = await snapshot.save(original, target)
+            before = await execute_json(original, TENSOR_FINGERPRINT)
+        assert saved["lost"] == [] and before["shared"] is True
+        manifest = json.loads((target / "manifest.json").read_text())
+        storages = [b for b in manifest["blobs"] if b is not None and b[2:] == ["torch", "cpu"]]
+        assert len(storages) == 46 and sum(b[1] for b in storages) > 70 << 20  # with the layer's and its gradients
+        shutil.copytree(target, older)
+        manifest["blobs"] = [b if b is None else b[:2] for b in manifest["blobs"]]
+        (older / "manifest.json").write_text(json.dumps(manifest))
+
+        async with kernel() as fresh:
+            loaded = await snapshot.load(fresh, target)
+            assert loaded["lost"] == [] and loaded["warnings"] == []
+            assert loaded["timings"]["storage_bytes"] == sum(b[1] for b in storages)  # all of them read ahead
+            assert 0 <= loaded["timings"]["storage_in_s"] <= loaded["timings"]["total_s"]
+            assert await execute_json(fresh, TENSOR_FINGERPRINT) == before
+        async with kernel() as fresh:
+            loaded = await snapshot.load(fresh, older)
+            assert loaded["lost"] == [] and "storage_bytes" not in loaded["timings"]
+            assert await execute_json(fresh, TENSOR_FINGERPRINT) == before
 
     run(scenario())
 

@@ -5,6 +5,7 @@ a restart or the server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tests.conftest import criu_or_skip, gone
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, new_session, open_ws
 from tests.server.test_server_lifecycle import RealServer, wait_state
+from tests.server.test_snapshot_engine import TENSOR_FINGERPRINT, TENSORS
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -109,6 +111,25 @@ async def test_opening_starts_the_kernel_ahead_and_a_cell_loads_into_it(jp_fetch
     assert out == CHECKED
     ws.close()
     other_tab.close()
+
+
+async def test_a_pytorch_kernel_opened_again_loads_its_tensors_ahead_bit_for_bit(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """Its storages (several of them larger than one read) are read ahead into the process started
+    when it was opened, and come back bit for bit."""
+    kid = (await new_session(jp_fetch, "tensors.ipynb"))["kernel"]["id"]
+    ws = await open_ws(jp_ws_fetch, kid)
+    await execute(ws, TENSORS)
+    _, before, _ = await execute(ws, TENSOR_FINGERPRINT)
+    await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    ws.close()
+    ws = await open_ws(jp_ws_fetch, kid, "opened")
+    warm = await until_warm(kid, imported=False)
+    _, after, _ = await execute(ws, TENSOR_FINGERPRINT)
+    assert after == before and json.loads(after)["shared"] is True
+    timings = (await wait_state(jp_fetch, kid, "running"))["timings"]
+    assert timings["warm_start"] is True and [p.pid for p in kernel_processes(kid)] == [warm.pid], timings
+    assert timings["in_kernel_storage_bytes"] > 70 << 20, timings
+    ws.close()
 
 
 @pytest.mark.parametrize("jp_server_config", [{"warm_start_timeout_s": 8}], indirect=True)
