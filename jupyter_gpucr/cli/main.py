@@ -201,9 +201,10 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         _refuse_a_server_kernel(cr, args.name, args.checkpoint)
         cr.lazy_restore = not args.eager
         if remote is not None and not args.checkpoint:  # claimed for this node; its newest checkpoint brought here
+            upload.missing_here(remote, cr.store, args.name)  # a key that does not open it: refused, no lease taken
             upload.take_lease(remote, args.name, upload.node_id(cr.store))
-            newest = upload.latest(remote, args.name)
-            if newest is not None and newest["id"] not in cr.store.checkpoint_ids(args.name):
+            newest = upload.missing_here(remote, cr.store, args.name)  # what the lease's last holder uploaded
+            if newest is not None:
                 upload.download(remote, cr.store, newest)
         r = cr.restore(args.name, gpu=args.gpu, checkpoint_id=args.checkpoint)
         where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""

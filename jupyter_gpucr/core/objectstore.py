@@ -2,7 +2,8 @@
 
 fsspec with s3fs (gcsfs for ``gs://``) does the talking: the same library pandas, dask and zarr
 use for the same URLs, so endpoints and credentials come from where those users already put them
-(the ``AWS_*`` variables, ``AWS_ENDPOINT_URL`` included, profiles, instance roles), and
+(the ``AWS_*`` variables, ``AWS_ENDPOINT_URL`` included, profiles, instance roles; Google's
+``GOOGLE_APPLICATION_CREDENTIALS``, the metadata server, ``STORAGE_EMULATOR_HOST``), and
 ``c.GPUCR.store_options`` is fsspec's ``storage_options``. s3fs uploads a large file as a
 multipart upload with several parts in flight and reads one back with ranged reads in parallel;
 botocore checksums every request, which S3 checks on arrival.
@@ -23,6 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 from .errors import GPUCRError
 from .sealing import StoreKey, sealed_range, sealed_size
@@ -63,6 +65,8 @@ def _defaults(protocol: str) -> dict[str, Any]:
         return {"use_listings_cache": False, "skip_instance_cache": True,
                 "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": 120,
                                   "retries": {"max_attempts": 3, "mode": "standard"}}}
+    if protocol in ("gs", "gcs"):  # every listing asks the store: another node's uploads and leases show at once
+        return {"use_listings_cache": False, "skip_instance_cache": True}
     return {"skip_instance_cache": True}
 
 
@@ -80,7 +84,7 @@ class ObjectStore:
             self.fs, base = fsspec.core.url_to_fs(self.url, **{**_defaults(protocol), **(options or {})})
         except (ImportError, ValueError) as e:
             raise ObjectStoreError(f"The checkpoint store {self.url} cannot be used: {e}",
-                                   "Install the object store support: pip install 'jupyter-gpucr[s3]' (s3fs, gcsfs).") from e
+                                   "Install the object store support: pip install 'jupyter-gpucr[s3]' (s3fs) or 'jupyter-gpucr[gcs]' (gcsfs).") from e
         self.user = user or user_name()
         self.root = f"{base.rstrip('/')}/{self.user}"
         self.key = key
@@ -115,14 +119,17 @@ class ObjectStore:
         """Say which store, what was being done, and the store's own words (a refused key, a
         missing bucket, a refused connection)."""
         cause = str(e) or type(e).__name__
+        credentials, endpoint = (("GOOGLE_APPLICATION_CREDENTIALS or c.GPUCR.store_options' token", "STORAGE_EMULATOR_HOST")
+                                 if self.is_gcs else
+                                 ("AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, the profile (AWS_PROFILE) or c.GPUCR.store_options",
+                                  "AWS_ENDPOINT_URL"))
         if isinstance(e, PermissionError) or "AccessDenied" in cause or "InvalidAccessKeyId" in cause \
-                or "SignatureDoesNotMatch" in cause or "credentials" in cause.lower():
-            hint = ("The store refused the credentials: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, the profile "
-                    "(AWS_PROFILE) or c.GPUCR.store_options, and the bucket's policy for this prefix.")
+                or "SignatureDoesNotMatch" in cause or "Forbidden" in cause or "credentials" in cause.lower():
+            hint = f"The store refused the credentials: check {credentials}, and the bucket's policy for this prefix."
         elif isinstance(e, FileNotFoundError) or "NoSuchBucket" in cause:
             hint = "Check the bucket's name in c.GPUCR.store (GPUCR_STORE) and that it exists."
         else:
-            hint = ("Check that the store answers at its endpoint (AWS_ENDPOINT_URL or c.GPUCR.store_options' "
+            hint = (f"Check that the store answers at its endpoint ({endpoint} or c.GPUCR.store_options' "
                     "endpoint_url) and that this node can reach it.")
         return ObjectStoreError(f"The checkpoint store {self!r} could not be used ({what}): {cause}.", hint)
 
@@ -312,12 +319,20 @@ class ObjectStore:
     def is_s3(self) -> bool:
         return type(self.fs).__name__ == "S3FileSystem"
 
+    @property
+    def is_gcs(self) -> bool:
+        protocol = self.fs.protocol
+        return "gs" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
+
     def read_json_tagged(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
-        """The JSON object at ``key`` and its ETag (a digest of its bytes where the store has no
-        ETag); (None, None) when there is none. The tag is read first, so a write in between
-        makes a later :meth:`replace_json` with it fail rather than succeed on stale contents."""
+        """The JSON object at ``key`` and its tag: its ETag on S3, its generation on GCS, elsewhere
+        a digest of its bytes; (None, None) when there is none. The tag is read first, so a write
+        in between makes a later :meth:`put_json_if` with it fail rather than succeed on stale contents."""
         try:
-            tag = str(self.fs.info(self.path(key)).get("ETag") or "") if self.is_s3 else None
+            tag = None
+            if self.is_s3 or self.is_gcs:
+                info = self.fs.info(self.path(key))
+                tag = str(info.get("ETag") or "") if self.is_s3 else str(info.get("generation") or "")
             data = self.fs.cat_file(self.path(key))
         except FileNotFoundError:
             return None, None
@@ -331,10 +346,13 @@ class ObjectStore:
 
     def put_json_if(self, key: str, value: dict[str, Any], etag: str | None) -> str | None:
         """Write ``value`` at ``key`` only if the object there still has ``etag`` (None: only if there
-        is none); its new tag, or None when the condition failed. On S3 the store decides
-        (``If-Match`` / ``If-None-Match``), so of two writers with the same tag one wins; elsewhere
-        the tag is compared, then the object written (not atomic: a shared file system)."""
+        is none); its new tag, or None when the condition failed. On S3 (``If-Match`` /
+        ``If-None-Match``) and GCS (``ifGenerationMatch``) the store decides, so of two writers with
+        the same tag one wins; elsewhere the tag is compared, then the object written (not atomic:
+        a shared file system)."""
         data = json.dumps(value, indent=1).encode()
+        if self.is_gcs:
+            return self._put_gcs_if(key, data, etag)
         if not self.is_s3:
             if etag is None:
                 return hashlib.sha256(data).hexdigest() if self.write_json(key, value, create=True) else None
@@ -350,6 +368,25 @@ class ObjectStore:
                 return None
             raise self._failed(f"writing {key}", e) from e
         return str(reply.get("ETag") or "")
+
+    def _put_gcs_if(self, key: str, data: bytes, generation: str | None) -> str | None:
+        """One upload of ``data`` with GCS's precondition ``ifGenerationMatch``: 0 creates the object
+        only if there is none, a generation replaces only that one; the new generation, or None when
+        the store refused (412, which gcsfs raises as FileExistsError). A multipart upload, as
+        gcsfs's own small writes are (gcsfs has no argument for a generation to match)."""
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        boundary = "gpucr-json"
+        body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps({'name': name})}\r\n"
+                f"--{boundary}\r\nContent-Type: application/json\r\n\r\n").encode() + data + f"\r\n--{boundary}--".encode()
+        try:
+            reply = self.fs.call("POST", f"{self.fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+                                 uploadType="multipart", ifGenerationMatch=generation or "0", data=body, json_out=True,
+                                 headers={"Content-Type": f"multipart/related; boundary={boundary}"})
+        except FileExistsError:
+            return None
+        except BaseException as e:
+            raise self._failed(f"writing {key}", e) from e
+        return str(reply["generation"])
 
     def delete(self, key: str, recursive: bool = False) -> None:
         try:

@@ -136,6 +136,17 @@ def kernels(remote: ObjectStore) -> dict[str, dict[str, Any]]:
     return out
 
 
+def missing_here(remote: ObjectStore, store: Store, name: str) -> dict[str, Any] | None:
+    """The ``complete.json`` of the newest durable checkpoint of ``name`` when ``store`` lacks it
+    (to download), checked to open with the store's key: raises :class:`.sealing.KeyMismatchError`
+    otherwise, so a restore can refuse before it claims the kernel."""
+    newest = latest(remote, name)
+    if newest is None or newest["id"] in store.checkpoint_ids(name):
+        return None
+    check_readable(remote, newest)
+    return newest
+
+
 def check_readable(remote: ObjectStore, complete: dict[str, Any]) -> None:
     """Raise :class:`.sealing.KeyMismatchError` when the store's key (or its lack) does not open
     this checkpoint: sealed with another key, sealed while no key is set, or not sealed while one is."""

@@ -26,7 +26,9 @@ class GPUCR(Configurable):
     store_options = Dict(
         config=True,
         help="Options of the object store (fsspec's storage_options: for s3, e.g. {'endpoint_url': ..., 'key': ..., "
-        "'secret': ..., 'profile': ...}). Empty: the standard AWS_* variables (AWS_ENDPOINT_URL included) and profiles.",
+        "'secret': ..., 'profile': ...}; for gs, e.g. {'token': '/path/key.json', 'project': ...}). Empty: the standard "
+        "AWS_* variables (AWS_ENDPOINT_URL included) and profiles; for gs, Google's application default credentials "
+        "(GOOGLE_APPLICATION_CREDENTIALS, the metadata server).",
     )
     encryption_key_file = Unicode(
         help="With object storage: a file holding a 256-bit key (32 raw bytes, 64 hex digits or base64; the user's "

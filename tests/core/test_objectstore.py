@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -190,6 +192,14 @@ def test_sealed_checkpoint_keeps_the_process_out_of_the_store_and_restores_only_
         assert said in refused.value.message and "c.GPUCR.encryption_key_file" in refused.value.hint
         assert not (node_b.checkpoints_root / ckpt.id).exists()
     assert raw_objects(sealed) == stored, "the checkpoint in the store is as it was"
+    # `gpucr restore` with another key: refused before it claims the kernel, so no node's lease is left behind
+    other_file = tmp_path / "other.key"
+    refused_cli = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli.main", "--store", sealed.url,
+                                  "--encryption-key-file", str(other_file), "restore", "agent"], capture_output=True,
+                                 text=True, timeout=120, env={**os.environ, "JUPYTERHUB_USER": "alice",
+                                                               "XDG_DATA_HOME": str(tmp_path / "cache-c")})
+    assert refused_cli.returncode == 1 and f"encrypted with another key (id {key.id})" in refused_cli.stderr
+    assert sealed.read_json("agent/lease.json") is None, "a refused restore holds no lease"
 
     # one byte flipped in the store: the download names the object and keeps nothing of it
     pages = max(newest["objects"], key=lambda k: newest["objects"][k])
