@@ -63,6 +63,9 @@ class StreamingUpload:
         self._thread = threading.Thread(target=self._run, name="gpucr-stream-watch", daemon=True)
         #: Bytes handed to the store while CRIU still wrote (whole parts).
         self.during_dump = 0
+        #: Bytes the store has taken so far (parts and whole objects), for the upload's progress.
+        self.sent = 0
+        self._counting = threading.Lock()
 
     # -- the dump's side ---------------------------------------------------------------------
     def __enter__(self) -> StreamingUpload:
@@ -133,6 +136,7 @@ class StreamingUpload:
         try:
             data = self._read(f, offset, end, final)
             reply = self.remote.call_s3("upload_part", self._key(f.rel), UploadId=f.upload_id, PartNumber=number, Body=data)
+            self._count(end - offset)
             return {"PartNumber": number, "ETag": reply["ETag"]}
         finally:
             self._slots.release()
@@ -169,7 +173,12 @@ class StreamingUpload:
 
     def _whole(self, f: _File, size: int) -> int:
         self.remote.call_s3("put_object", self._key(f.rel), Body=self._read(f, 0, size, True))
+        self._count(size)
         return size
+
+    def _count(self, n: int) -> None:
+        with self._counting:
+            self.sent += n
 
     def _abort(self, f: _File) -> None:
         try:

@@ -28,6 +28,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -91,7 +92,7 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
     pairs += [(str(p), f"proc/{p.relative_to(proc_dir)}") for p in _proc_files(proc_dir)]
     sizes = {key: os.path.getsize(local) for local, key in pairs}
     total = sum(sizes.values())
-    already = streamed.result() if streamed is not None else {}
+    already = _streamed(streamed, total, progress) if streamed is not None else {}
     todo = [(local, key) for local, key in pairs if already.get(key) != sizes[key]]
     before = total - sum(sizes[key] for _, key in todo)
     remote.write_json(f"{base}/{UPLOADING}", {"node": node_id(store), "since": time.time(), "bytes": total})
@@ -113,6 +114,17 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
     write_json_atomic(ckpt.path / MARKER, {"state": "done", "store": repr(remote), "at": time.time()})
     return {"bytes": total, "objects": len(pairs), "seconds": time.perf_counter() - t0, "streamed": before,
             "during_dump": streamed.during_dump if streamed is not None else 0}
+
+
+def _streamed(streamed: StreamingUpload, total: int, progress: Progress | None) -> dict[str, int]:
+    """What the upload beside the dump completed, once its last parts are in; until then its
+    progress is the upload's (a big image's parts can take most of the upload)."""
+    while True:
+        try:
+            return streamed.result(timeout=0.5)
+        except FutureTimeout:
+            if progress:
+                progress(min(streamed.sent, total), total)
 
 
 def completed(remote: ObjectStore, name: str) -> list[dict[str, Any]]:

@@ -126,9 +126,10 @@ class RemoteKernels:
                     f"({ckpt.path}): it restores here, not on another node.",
                     hint="The upload is redone at the next server start; check the store, then restart the server.")
             return
-        self.log.info("gpucr: kernel %s is in %r: %d MiB in %d objects, %d MiB of them while CRIU wrote them, the rest "
-                      "in %.2f s after the dump", kernel_id, self.remote, moved["bytes"] >> 20, moved["objects"],
-                      moved["streamed"] >> 20, moved["seconds"])
+        self.log.info("gpucr: kernel %s is in %r: %d MiB in %d objects, %d MiB of them sent while CRIU wrote them, "
+                      "%d MiB more by the upload beside the dump; done %.2f s after the dump", kernel_id, self.remote,
+                      moved["bytes"] >> 20, moved["objects"], moved["during_dump"] >> 20,
+                      (moved["streamed"] - moved["during_dump"]) >> 20, moved["seconds"])
         state = self.lifecycle.state_of(kernel_id)
         if state == UPLOADING:
             st = self.lifecycle.get(kernel_id)
