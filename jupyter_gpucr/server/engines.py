@@ -139,7 +139,7 @@ class CriuEngine(SuspendEngine):
             km.provisioner.adopt(running.started)
             await kernel_rpc.follow_moved_history(km, running.relocated)
             if offloaded:  # a GPU kernel: restored eagerly, its memory is all there
-                await self._refill(kernel_id, km, running.timings, progress)
+                await self._refill(km, tensors, running.timings, progress)
         finally:
             stop.set()  # restored and refilled, or failed: nothing more is worth reading
             images_read.set()
@@ -149,13 +149,14 @@ class CriuEngine(SuspendEngine):
         """A lazy restore's memory comes in behind the running kernel (``Checkpointer.await_pages``)."""
         await asyncio.to_thread(self.checkpointer.await_pages, kernel_id)
 
-    async def _refill(self, kernel_id: str, km: Any, timings: dict[str, float], progress: Progress) -> None:
-        """Tensors the kernel moved out before the suspend go back to the GPU before any cell runs;
+    async def _refill(self, km: Any, tensors: Path, timings: dict[str, float], progress: Progress) -> None:
+        """Tensors the kernel moved out before the suspend go back to the GPU before any cell runs,
+        from this node's folder (restored on another node, the kernel remembers the first node's);
         a kernel that cannot take them back is stopped again (its checkpoint is kept)."""
         progress("gpu-restore", 0, 0)
         t0 = time.perf_counter()
         try:
-            report = await kernel_rpc.with_client(km, kernel_rpc.reload)
+            report = await kernel_rpc.with_client(km, kernel_rpc.reload_from, tensors)
         except kernel_rpc.SnapshotError as e:
             await km.provisioner.kill()
             km.provisioner.mark_suspended()
