@@ -53,7 +53,7 @@ def torch_storages(table: list[list[Any] | None], devices: DeviceMap, cuda_count
 
 
 def prepare(table: list[list[Any] | None], devices: DeviceMap) -> dict[str, Any]:
-    """Ahead of a load (a kernel started before its restore): create the CUDA context of every GPU
+    """Ahead of a load (a kernel started before its restore): create the CUDA context (and cuBLAS) of every GPU
     the snapshot's storages will go to, and the pinned staging buffers, kept for that load. Nothing
     when no storage goes to a GPU. Returns the GPUs and the seconds it took."""
     global _prepared
@@ -66,6 +66,9 @@ def prepare(table: list[list[Any] | None], devices: DeviceMap) -> dict[str, Any]
         return {"devices": [], "seconds": time.perf_counter() - t0}
     for device in gpus:  # GPU only: a first allocation creates the context; freed at once
         torch.empty(1, device=device).zero_()
+        for dtype in (torch.bfloat16, torch.float32):  # cuBLAS's handle and workspace, which a first cell would wait for
+            square = torch.ones(64, 64, device=device, dtype=dtype)
+            torch.mm(square, square, out=square.clone())
         torch.cuda.synchronize(device)
     torch.cuda.empty_cache()  # the context stays, its first block of memory goes back
     if _prepared is None:
