@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.s3 import BUCKET, aws_env, free_port, moto_server  # noqa: E402
+from tests.s3 import BUCKET, aws_env, free_port, moto_server, wait_listening  # noqa: E402
 
 #: The key pair the SeaweedFS server is configured with (its ``-s3.config``), as a user's would be.
 WEED_KEY, WEED_SECRET = "gpucr-bench", "gpucr-bench-secret"
@@ -68,18 +68,6 @@ def _free_with_grpc() -> int:
                     continue
 
 
-def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the S3 server did not start: {log.read_text()[-3000:]}") from None
-            time.sleep(0.1)
-
-
 @contextlib.contextmanager
 def seaweedfs(weed: str, data: Path, log: Path) -> Iterator[S3Server]:
     """``weed mini`` on free localhost ports with its data in ``data`` (no replication: one
@@ -101,7 +89,7 @@ def seaweedfs(weed: str, data: Path, log: Path) -> Iterator[S3Server]:
     endpoint = f"http://127.0.0.1:{ports['-s3.port']}"
     env = {**aws_env(endpoint), "AWS_ACCESS_KEY_ID": WEED_KEY, "AWS_SECRET_ACCESS_KEY": WEED_SECRET}
     try:
-        _wait_port(ports["-s3.port"], proc, log)
+        wait_listening(proc, ports["-s3.port"], log, timeout=60)
         _make_bucket(env, BUCKET, proc, log)
         name = f"SeaweedFS {version[2] if len(version) > 2 else '?'} (weed mini)"
         yield S3Server(name, endpoint, BUCKET, env, data)

@@ -15,6 +15,7 @@
 # is installed then.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/gpu-site.sh
 RUN=${ROOM_RUN:-/root/gpucr-room-out}
 SRC=${ROOM_SRC:-/root/gpucr-room-src}
 OUT=${OUT:-$PWD/gpu-out}
@@ -27,16 +28,7 @@ export GPUCR_CRIU="$SRC/.venv/bin/criu" PYTHONUNBUFFERED=1
 
 install() {
     [ -z "${PYTHON:-}" ] || return 0
-    if [ -d .whl ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || return 1
-    elif [ ! -d "$SITE" ]; then
-        echo "neither .whl/ nor $SITE: carry .whl (docs/dev/gpu-tests.md)" >&2; return 1
-    fi
-    # Entry points of this package without building it (the kernel provisioner is found through them).
-    mkdir -p "$SITE/jupyter_gpucr-0.1.0.dist-info"
-    printf 'Metadata-Version: 2.1\nName: jupyter-gpucr\nVersion: 0.1.0\n' > "$SITE/jupyter_gpucr-0.1.0.dist-info/METADATA"
-    printf '[jupyter_client.kernel_provisioners]\ngpucr-provisioner = jupyter_gpucr.server.provisioner:GPUCRProvisioner\n' \
-        > "$SITE/jupyter_gpucr-0.1.0.dist-info/entry_points.txt"
+    install_site "$SITE"
 }
 
 # What the run imports and executes, and the CRIU bundle (bin/criu finds its lib/ beside it).

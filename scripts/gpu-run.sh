@@ -11,16 +11,8 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 SITE=/tmp/gpucr-site
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
-elif [ ! -d "$SITE" ]; then
-    echo "neither .whl/ nor $SITE: carry .whl (docs/dev/gpu-tests.md)" >&2; exit 1
-fi
-# Entry points of this package without building it (the kernel provisioner is found through them).
-mkdir -p "$SITE/jupyter_gpucr-0.1.0.dist-info"
-printf 'Metadata-Version: 2.1\nName: jupyter-gpucr\nVersion: 0.1.0\n' > "$SITE/jupyter_gpucr-0.1.0.dist-info/METADATA"
-printf '[jupyter_client.kernel_provisioners]\ngpucr-provisioner = jupyter_gpucr.server.provisioner:GPUCRProvisioner\n' \
-    > "$SITE/jupyter_gpucr-0.1.0.dist-info/entry_points.txt"
+. scripts/gpu-site.sh
+install_site "$SITE" || exit 1
 export PYTHONPATH="$SITE:$PWD:$PWD/kernel_hooks" GPUCR_CRIU="$PWD/.venv/bin/criu" PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total,driver_version --format=csv; } | tee "$OUT/machine.txt"
 python3 -m jupyter_gpucr.cli.main doctor | tee "$OUT/doctor.txt"

@@ -8,15 +8,13 @@ nodes would both win a lease there."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.s3 import free_port
+from tests.s3 import free_port, wait_listening
 
 BUCKET = "gpucr-checkpoints"
 #: gcsfs sends no credentials to an emulator with this (nor looks for Google's on this machine).
@@ -41,14 +39,7 @@ def gcs_server(data: Path) -> Iterator[str]:
                              "-backend", "memory", "-data", str(data), "-external-url", endpoint, "-log-level", "warn"],
                             stdout=open(data / "fake-gcs-server.log", "ab"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (data / "fake-gcs-server.log").read_text()
-                time.sleep(0.1)
+        wait_listening(proc, port, data / "fake-gcs-server.log")
         yield endpoint
     finally:
         proc.kill()

@@ -22,6 +22,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_listening(proc: subprocess.Popen, port: int, log: Path, timeout: float = 30) -> None:
+    """Return once ``proc`` (a server the test started) accepts connections on ``port``; fail with
+    the end of its ``log`` if it exits or is not there within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+
+
 def aws_env(endpoint: str) -> dict[str, str]:
     """What a pod or a user's shell would set: keys, region and the endpoint of an S3-compatible store."""
     return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
@@ -38,14 +51,7 @@ def moto_server(log: Path) -> Iterator[str]:
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-                time.sleep(0.1)
+        wait_listening(proc, port, log)
         env = aws_env(endpoint)
         boto3.client("s3", endpoint_url=endpoint, region_name=env["AWS_DEFAULT_REGION"],
                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
