@@ -79,8 +79,26 @@ class Served:
             resp = await AsyncHTTPClient().fetch(req)
         except HTTPClientError as e:  # say what it answered, not only its status
             text = e.response.body.decode(errors="replace") if e.response is not None and e.response.body else ""
+            if e.code == 599:  # no answer at all: was it this process or the server?
+                text += f" [{self._reachable()}]"
             raise HTTPClientError(e.code, f"{e.message} on {method} {path}: {text[:2000]}", e.response) from None
         return json.loads(resp.body) if resp.body else None
+
+    def _reachable(self) -> str:
+        """Whether a plain connection to the server gets through now (tornado's own goes through this
+        process's event loop and resolver), and the CRIU network locks the host holds."""
+        from jupyter_gpucr.core.criu import network_lock_tables
+
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
+            plain = "a plain connection to the port gets through now"
+        except OSError as e:
+            plain = f"a plain connection to the port fails too: {e}"
+        try:
+            locks = ", ".join(network_lock_tables()) or "none"
+        except OSError as e:
+            locks = f"not listed ({e})"
+        return f"{plain}; server process {'running' if self.proc.poll() is None else 'ended'}; network locks: {locks}"
 
     async def start_kernel(self, **body: Any) -> str:
         return (await self.request("api/kernels", "POST", {"name": "python3", **body}))["id"]
