@@ -95,10 +95,10 @@ class Served:
         except OSError as e:
             plain = f"a plain connection to the port fails too: {e}"
         try:
-            locks = ", ".join(network_lock_tables()) or "none"
+            locks = str(len(network_lock_tables()))
         except OSError as e:
             locks = f"not listed ({e})"
-        return f"{plain}; server process {'running' if self.proc.poll() is None else 'ended'}; network locks: {locks}"
+        return f"{plain}; server process {'running' if self.proc.poll() is None else 'ended'}; CRIU network locks held: {locks}"
 
     async def start_kernel(self, **body: Any) -> str:
         return (await self.request("api/kernels", "POST", {"name": "python3", **body}))["id"]
