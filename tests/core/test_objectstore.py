@@ -133,7 +133,10 @@ def test_images_upload_while_criu_writes_them(criu_path, s3, tmp_path):
     moved = upload(remote, node_a, ckpt, streamed=streams[ckpt.id])
     images = sum(int(f["size"]) for f in ckpt.manifest["files"].values())
     assert moved["streamed"] >= images, moved  # every image file was complete in the store before the upload began
-    assert moved["during_dump"] >= PART, moved  # whole parts went out while CRIU wrote
+    # whole parts went out while CRIU wrote, where it wrote long enough for the watcher (every 0.05 s)
+    # to see them: a fast machine writes these 160 MiB from memory in a few hundredths of a second
+    wrote_for = ckpt.manifest["timings"]["criu_memwrite"]
+    assert moved["during_dump"] >= PART or wrote_for < 0.25, (wrote_for, moved)
     shutil.rmtree(tmp_path / "cache-a")
 
     b = Checkpointer(node_b)
