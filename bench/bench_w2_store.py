@@ -109,6 +109,14 @@ def resume_cold(server: Server, kernel_id: str, cell: str, reference: str) -> di
             "restore_timings": t, "tokens_identical": digest == reference, "state": st["state"]}
 
 
+def suspend(server: Server, kernel_id: str, row: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """Suspend through REST, recording its answer in ``row``; the answer and when it was asked."""
+    t0 = time.perf_counter()
+    st = server.rest(f"api/gpucr/kernels/{kernel_id}/suspend", "POST", {})
+    row.update(state_after_suspend=st["state"], bytes=suspended_size(st), suspend_timings=st["timings"])
+    return st, t0
+
+
 def local_round(args: argparse.Namespace, root: Path, store: Path, logs: Path) -> dict[str, Any]:
     setup, cell = code_for(args)
     shutil.rmtree(store, ignore_errors=True)
@@ -116,10 +124,8 @@ def local_round(args: argparse.Namespace, root: Path, store: Path, logs: Path) -
     server = Server(root, store, logs / "local-1.log")
     try:
         kid, ws, row = start_kernel(server, setup, cell)
-        t0 = time.perf_counter()
-        st = server.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
-        row.update(durable_s=time.perf_counter() - t0, state_after_suspend=st["state"], bytes=suspended_size(st),
-                   suspend_timings=st["timings"])
+        st, t0 = suspend(server, kid, row)
+        row["durable_s"] = time.perf_counter() - t0
         if st["state"] != "suspended":
             raise RuntimeError(f"the suspend ended {st['state']}: {st.get('error')}")
         ws.close()
@@ -149,10 +155,8 @@ def store_round(args: argparse.Namespace, root: Path, s3: s3_server.S3Server, ca
     node_a = Server(root, url, log_a, (f"--GPUCR.cache_dir={cache_a}",))
     try:
         kid, ws, row = start_kernel(node_a, setup, cell)
-        t0 = time.perf_counter()
-        st = node_a.rest(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
-        row.update(suspend_returned_s=time.perf_counter() - t0, state_after_suspend=st["state"], bytes=suspended_size(st),
-                   suspend_timings=st["timings"])
+        st, t0 = suspend(node_a, kid, row)
+        row["suspend_returned_s"] = time.perf_counter() - t0
         st, progress = until_durable(node_a, kid, t0)
         row.update(durable_s=time.perf_counter() - t0, upload_progress=progress,
                    upload_after_dump_s=st["timings"].get("upload"))
