@@ -18,6 +18,7 @@ import psutil
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
+from jupyter_gpucr.core.criu import network_lock_tables
 from tests.hub import user_env
 
 TOKEN = "secret-token"
@@ -87,8 +88,6 @@ class Served:
     def _reachable(self) -> str:
         """Whether a plain connection to the server gets through now (tornado's own goes through this
         process's event loop and resolver), and the CRIU network locks the host holds."""
-        from jupyter_gpucr.core.criu import network_lock_tables
-
         try:
             socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
             plain = "a plain connection to the port gets through now"
