@@ -82,6 +82,8 @@ PROBE = ("import json\nprint(json.dumps({'allocated': torch.cuda.memory_allocate
          "'max_reserved': torch.cuda.max_memory_reserved()}))\n")
 #: Blocks this large are never cut for smaller tensors (PyTorch's allocator setting, in the kernels' environment).
 ALLOC_CONF = "max_split_size_mb:128"
+#: When the bench began, for --deadline-s.
+BEGAN = time.monotonic()
 
 
 class RoomServer(Server):
@@ -341,6 +343,8 @@ def trace(server: RoomServer, ids: list[str], codes: list[Code], reference: list
     turns: list[dict] = []
     t_start = time.monotonic()
     end = t_start + args.minutes * 60
+    if args.deadline_s:
+        end = min(end, BEGAN + args.deadline_s)
     while time.monotonic() < end:
         k = rng.randrange(len(ids))
         kid = ids[k]
@@ -383,7 +387,7 @@ def summarize(turns: list[dict], warm: list[float]) -> dict:
     warm_p50 = statistics.median(warm) if warm else None
     p50, p95 = pct(first, 0.5), pct(first, 0.95)
     met = warm_p50 is not None and p50 is not None and p95 is not None
-    return {"turns": len(turns), "restores": len(restored), "lost": sum(1 for t in turns if not t["ok"]),
+    return {"turns": len(turns), "minutes": turns[-1]["at_s"] / 60 if turns else 0.0, "restores": len(restored), "lost": sum(1 for t in turns if not t["ok"]),
             "suspended_for_room": sum(t["for_room"] for t in turns), "warm_p50_s": warm_p50,
             "warm_turns_p50_s": pct([t["first_s"] for t in turns if not t["restored"] and t["ok"]], 0.5),
             "restored_p50_s": p50, "restored_p95_s": p95, "over_warm_p50_s": pct(over, 0.5), "over_warm_p95_s": pct(over, 0.95),
@@ -414,7 +418,7 @@ def table(result: dict) -> list[str]:
             out.append(f"declared {_gib(setup['declared'])} per kernel, the most one held {_gib(setup['held_max'])}; "
                        f"{setup['held_over_declared']} held more than declared")
     if s:
-        out += [f"trace: {s['turns']} turns, {s['restores']} restored their kernel, {s['suspended_for_room']} kernels "
+        out += [f"trace: {s['turns']} turns in {s.get('minutes', 0):.1f} min, {s['restores']} restored their kernel, {s['suspended_for_room']} kernels "
                 f"suspended for room, {s['lost']} lost; moved {_gib(s['bytes_written'])} out, {_gib(s['bytes_read'])} in",
                 f"first output after a restore: p50 {_s(s['restored_p50_s'])}, p95 {_s(s['restored_p95_s'])}; over the same "
                 f"kernel's warm cell p50 {_s(s['over_warm_p50_s'])}, p95 {_s(s['over_warm_p95_s'])}; warm cell p50 "
@@ -449,6 +453,9 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--image-gib", type=float, default=2.0, help="plan: a GPU kernel's image beside its tensors")
     ap.add_argument("--rss-gib", type=float, default=2.0, help="plan: host memory of a running GPU kernel")
     ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--deadline-s", type=float, default=0.0,
+                    help="end the trace this many seconds after the bench began, if sooner than --minutes "
+                         "(a run that must fit one call of a lent machine); the table says how long it ran")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--think", type=float, default=2.0, help="most seconds a user waits between two turns")
     ap.add_argument("--min-resident", type=float, default=0.0, help="c.GPUCR.min_resident_s")
