@@ -170,7 +170,7 @@ class ObjectStore:
         try:
             streams = []
             for local, key in pairs:
-                spans = _spans(os.path.getsize(local))
+                spans = part_spans(os.path.getsize(local))
                 if len(spans) == 1 or not self.is_s3:
                     streams.append(pool.submit(self._put_stream, local, key, spans, done))
                     continue
@@ -404,7 +404,7 @@ def _precondition_failed(e: BaseException) -> bool:
     return any(w in said for w in ("PreconditionFailed", "412", "pre-conditions", "ConditionalRequestConflict"))
 
 
-def _spans(size: int) -> list[tuple[int, int, bool]]:
+def part_spans(size: int) -> list[tuple[int, int, bool]]:
     """A file of ``size`` bytes as (start, end, last) parts of :data:`PART` bytes or more, whole chunks each."""
     part = max(PART, -(-size // (MAX_PARTS - 1) // PART) * PART)
     return [(start, min(size, start + part), start + part >= size) for start in range(0, max(size, 1), part)]

@@ -27,7 +27,7 @@ import platform
 import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +69,13 @@ def _proc_files(proc_dir: Path) -> list[Path]:
     return _files_below(proc_dir, lambda rel: rel.parts[0].startswith(".") or rel.parts[0] == "restore")
 
 
+def proc_pairs(proc_dir: Path, folders: Collection[str] | None = None) -> list[tuple[str, str]]:
+    """(local file, key below the checkpoint) of each of the process's own files; with ``folders``,
+    only those below these folders of its folder."""
+    return [(str(p), f"proc/{p.relative_to(proc_dir)}") for p in _proc_files(proc_dir)
+            if folders is None or p.relative_to(proc_dir).parts[0] in folders]
+
+
 def pending(store: Store) -> list[Checkpoint]:
     """Checkpoints whose upload was started and never finished (the server died, or the store failed)."""
     return [c for c in store.list_checkpoints() if (read_json(c.path / MARKER) or {}).get("state") == "pending"]
@@ -83,13 +90,14 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
     """Put the checkpoint and its process's files into the store, check that every object is
     there with its size, then write ``complete.json`` (what older checkpoints go afterwards is
     :mod:`.bucket_retention`'s business). The local copy is kept. ``streamed``: what was
-    uploaded while CRIU wrote the images (only what it did not finish is sent). Returns what moved."""
+    uploaded beside the dump (the images as CRIU wrote them, the files final before it; only what it
+    did not finish is sent). Returns what moved."""
     t0 = time.perf_counter()
     name, proc_dir = ckpt.name, store.proc_dir(ckpt.name)
     mark_pending(ckpt, remote)
     base = f"{name}/{ckpt.id}"
     pairs = [(str(p), f"checkpoint/{p.relative_to(ckpt.path)}") for p in _checkpoint_files(ckpt)]
-    pairs += [(str(p), f"proc/{p.relative_to(proc_dir)}") for p in _proc_files(proc_dir)]
+    pairs += proc_pairs(proc_dir)
     sizes = {key: os.path.getsize(local) for local, key in pairs}
     total = sum(sizes.values())
     already = _streamed(streamed, total, progress) if streamed is not None else {}

@@ -6,7 +6,8 @@ the credentials leaves the kernel running with the reason. After the dump the ke
 ``suspended`` once every object is in the store. A restore first claims the kernel's lease and
 downloads its newest checkpoint when this node does not have it; while the node holds the kernel
 a heartbeat renews the lease, and a lease left unrenewed for ``c.GPUCR.lease_timeout_s`` (a lost
-node) is taken over. With S3 the upload begins while CRIU writes the images (``core/streamup.py``).
+node) is taken over. With S3 the upload begins while CRIU writes the images (``core/streamup.py``),
+with the kernel's offloaded tensors and saved variables beside them.
 At start, uploads an earlier server left unfinished are redone and the kernels other nodes left
 in the store are listed. With ``c.GPUCR.encryption_key_file`` every object holding the process
 is sealed with that key before it leaves the node (``core/sealing.py``). After each upload the
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Collection, Container
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +72,23 @@ class RemoteKernels:
         self._leases: dict[str, upload.Lease] = {}  # the kernels this node holds, renewed by the heartbeat
         self._heartbeat: asyncio.Task[None] | None = None
         self._streams: dict[str, StreamingUpload] = {}  # by checkpoint id, from the dump to the upload
+        self._final_folders: Collection[str] = ()  # of a process's folder, uploaded beside its dump
         self._lost: set[str] = set()  # kernels whose lease another node took over while they ran here
         self._forgetting: set[asyncio.Task[None]] = set()  # deletions of kernels shut down, kept referenced
         self._shut_down: set[str] = set()  # kernels shut down whose objects are not deleted yet
         self._from_store: dict[str, dict[str, Any]] = {}  # the complete.json of what a restore here runs, made elsewhere
 
-    def stream_from(self, checkpointer: Any) -> None:
+    def stream_from(self, checkpointer: Any, final_folders: Collection[str] = ()) -> None:
         """Upload each dump of ``checkpointer`` while CRIU writes it (S3; a checkpointer that runs
-        CRIU in this process, whose images this server can read)."""
+        CRIU in this process, whose images this server can read), and beside it the files in the
+        process's ``final_folders``, written before the dump begins (offloaded tensors, saved variables)."""
         if self.remote.is_s3 and isinstance(checkpointer, Checkpointer):
             checkpointer.beside_dump = self._stream
+            self._final_folders = final_folders
 
     def _stream(self, name: str, cid: str, images: Path) -> StreamingUpload:
-        self._streams[cid] = stream = StreamingUpload(self.remote, f"{name}/{cid}", images, self.node)
+        final = upload.proc_pairs(self.store.proc_dir(name), self._final_folders)
+        self._streams[cid] = stream = StreamingUpload(self.remote, f"{name}/{cid}", images, self.node, final)
         return stream
 
     async def check(self) -> None:

@@ -84,7 +84,7 @@ class KernelSuspender:
         self.remote = RemoteKernels(remote, store, lifecycle, log, config.keep_last, config.lease_timeout_s,
                                     config.max_bucket_bytes or None) if remote else None
         if self.remote:
-            self.remote.stream_from(self.checkpointer)
+            self.remote.stream_from(self.checkpointer, (OFFLOAD_DIR, portable.PORTABLE_DIR))
         self.prefetcher = Prefetcher(store, config, log)
         self.trash = Trash(config, self.checkpointer, kernel_manager, lifecycle, self.remote, log)
         self.relister = Relister(self.checkpointer, kernel_manager, lifecycle, self.saved, self.remote, log)

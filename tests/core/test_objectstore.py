@@ -5,6 +5,7 @@ down said so; with an encryption key, nothing of the process in the store's byte
 only with that key."""
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,8 @@ from jupyter_gpucr.core.objectstore import ObjectStore, ObjectStoreError
 from jupyter_gpucr.core.sealing import KeyMismatchError, load_key, sealed_size
 from jupyter_gpucr.core.store import Store
 from jupyter_gpucr.core.streamup import PART, StreamingUpload
-from jupyter_gpucr.core.upload import LeaseHeldError, download, kernels, latest, manifest_of, take_lease, upload
+from jupyter_gpucr.core.upload import (LeaseHeldError, download, kernels, latest, manifest_of, proc_pairs, take_lease,
+                                      upload)
 from tests.conftest import agent_command, ask, wait_for_line
 from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
 
@@ -146,6 +149,55 @@ def test_images_upload_while_criu_writes_them(criu_path, s3, tmp_path):
         assert ask(hello["port"])["checksum"] == hello["checksum"]
     finally:
         b.remove("agent", kill=True)
+
+
+def test_files_final_before_the_dump_go_out_beside_it_and_a_failed_one_after_the_commit(criu_path, s3, tmp_path):
+    """Offloaded tensor files, written before the dump, are in the store in parts before the dump
+    is over (sealed); one whose upload the store lost meanwhile is sent by the upload after the
+    commit; another node downloads both as they were."""
+    node_a, node_b = Store(tmp_path / "cache-a"), Store(tmp_path / "cache-b")
+    remote = ObjectStore(f"s3://{BUCKET}/final", user="alice", key=load_key(make_key(tmp_path / "gpucr.key")))
+    os.environ["AGENT_FILE"] = str(tmp_path / "counts")
+    a = Checkpointer(node_a)
+    a.run("agent", agent_command("cpu_agent.py", "32"))
+    wait_for_line(node_a.proc_dir("agent") / "stdout.log")
+    tensors = node_a.proc_dir("agent") / "gpu-tensors"
+    tensors.mkdir()
+    content = {"0.bin": os.urandom(2 * PART + 1000), "1.bin": os.urandom(PART + 5)}
+    for name, data in content.items():
+        (tensors / name).write_bytes(data)
+    seen: dict[str, int] = {}
+
+    def uploads() -> dict[str, str]:  # what the store holds unfinished below alice/, by file name
+        listed = remote.fs.call_s3("list_multipart_uploads", Bucket=BUCKET, Prefix="final/alice/")
+        return {u["Key"].rsplit("/", 1)[1]: u["UploadId"] for u in listed.get("Uploads", [])}
+
+    @contextlib.contextmanager
+    def follow(name: str, cid: str, images: Path) -> Iterator[StreamingUpload]:
+        with StreamingUpload(remote, f"{name}/{cid}", images, "node-a", proc_pairs(node_a.proc_dir(name), ["gpu-tensors"])) as stream:
+            streams[cid] = stream
+            yield stream
+            # CRIU has returned; the stream does not know yet: the tensors' parts are in the store already
+            deadline = time.monotonic() + 60
+            while not seen.get("0.bin") and time.monotonic() < deadline:
+                if "0.bin" in (held := uploads()):
+                    seen["0.bin"] = len(remote.call_s3("list_parts", f"agent/{cid}/proc/gpu-tensors/0.bin",
+                                                       UploadId=held["0.bin"]).get("Parts", []))
+                time.sleep(0.05)
+            if "1.bin" in (held := uploads()):
+                remote.call_s3("abort_multipart_upload", f"agent/{cid}/proc/gpu-tensors/1.bin", UploadId=held["1.bin"])
+
+    streams: dict[str, StreamingUpload] = {}
+    a.beside_dump = follow
+    ckpt = a.checkpoint("agent")
+    assert seen.get("0.bin", 0) >= 1, "no part of the tensors was in the store before the dump was over"
+    moved = upload(remote, node_a, ckpt, streamed=streams[ckpt.id])
+    images = sum(int(f["size"]) for f in ckpt.manifest["files"].values())
+    assert moved["streamed"] == images + len(content["0.bin"]), moved  # 1.bin: sent after the commit
+    shutil.rmtree(tmp_path / "cache-a")
+
+    download(remote, node_b, kernels(remote)["agent"])
+    assert {n: (node_b.proc_dir("agent") / "gpu-tensors" / n).read_bytes() for n in content} == content
 
 
 def make_key(path: Path) -> Path:
