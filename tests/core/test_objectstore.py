@@ -25,8 +25,7 @@ from jupyter_gpucr.core.objectstore import ObjectStore, ObjectStoreError
 from jupyter_gpucr.core.sealing import KeyMismatchError, load_key, sealed_size
 from jupyter_gpucr.core.store import Store
 from jupyter_gpucr.core.streamup import PART, StreamingUpload
-from jupyter_gpucr.core.upload import (LeaseHeldError, download, kernels, latest, manifest_of, proc_pairs, take_lease,
-                                      upload)
+from jupyter_gpucr.core.upload import LeaseHeldError, download, kernels, latest, manifest_of, proc_pairs, take_lease, upload
 from tests.conftest import agent_command, ask, wait_for_line
 from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
 
