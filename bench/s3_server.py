@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ class S3Server:
     bucket: str
     env: dict[str, str]  # AWS_* for a server or shell that uses it
     data: Path | None  # where it keeps the objects; None: in memory
+    pid: int | None = None  # the server's process, for the CPU time it spends
 
 
 def medium(path: Path) -> str:
@@ -69,10 +70,11 @@ def _free_with_grpc() -> int:
 
 
 @contextlib.contextmanager
-def seaweedfs(weed: str, data: Path, log: Path) -> Iterator[S3Server]:
+def seaweedfs(weed: str, data: Path, log: Path, tuning: Sequence[str] = ()) -> Iterator[S3Server]:
     """``weed mini`` on free localhost ports with its data in ``data`` (no replication: one
     volume server), S3 signed with a key of its own, the WebDAV, admin UI, Iceberg and Lance
-    endpoints and the telemetry off; the bucket created through S3 as a user would."""
+    endpoints and the telemetry off; the bucket created through S3 as a user would. ``tuning``: more
+    flags for ``weed mini`` (none measurably sped it up: bench/bench_store_raw.py --weed-flag)."""
     data.mkdir(parents=True, exist_ok=True)
     config = log.with_name("weed-s3.json")
     config.write_text(json.dumps({"identities": [{"name": "bench", "credentials": [
@@ -84,7 +86,7 @@ def seaweedfs(weed: str, data: Path, log: Path) -> Iterator[S3Server]:
         [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
          *(f"{flag}={port}" for flag, port in ports.items()),
          "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
-         f"-master.volumeSizeLimitMB={WEED_VOLUME_MB}", f"-s3.config={config}"],
+         f"-master.volumeSizeLimitMB={WEED_VOLUME_MB}", f"-s3.config={config}", *tuning],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     endpoint = f"http://127.0.0.1:{ports['-s3.port']}"
     env = {**aws_env(endpoint), "AWS_ACCESS_KEY_ID": WEED_KEY, "AWS_SECRET_ACCESS_KEY": WEED_SECRET}
@@ -92,7 +94,7 @@ def seaweedfs(weed: str, data: Path, log: Path) -> Iterator[S3Server]:
         wait_listening(proc, ports["-s3.port"], log, timeout=60)
         _make_bucket(env, BUCKET, proc, log)
         name = f"SeaweedFS {version[2] if len(version) > 2 else '?'} (weed mini)"
-        yield S3Server(name, endpoint, BUCKET, env, data)
+        yield S3Server(name, endpoint, BUCKET, env, data, proc.pid)
     finally:
         proc.terminate()
         try:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fill .s3/ (in the repo root, ignored by git) with what the H200 lacks for bench/bench_w2_store.py:
+# Fill .s3/ (in the repo root, ignored by git) with what the H200 lacks for bench/bench_w2_store.py
+# and bench/bench_store_raw.py:
 # the Python 3.12 wheels of s3fs and of what it needs beyond the machine's own packages (aiohttp,
 # yarl, multidict, frozenlist, fsspec's dependencies, urllib3 and wrapt are there; python-dateutil
 # and six come with .whl/), at .venv's versions, and SeaweedFS's `weed` binary, xz-compressed.
@@ -18,7 +19,8 @@ exclude=$(git rev-parse --git-path info/exclude)
 grep -qxF '/.s3/' "$exclude" || echo '/.s3/' >> "$exclude"
 rm -rf .s3 && mkdir .s3
 version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
-for pkg in s3fs aiobotocore botocore jmespath aioitertools fsspec; do  # fsspec: s3fs pins its exact version
+# boto3 and s3transfer: the plain client bench/bench_store_raw.py compares gpucr's transfers with
+for pkg in s3fs aiobotocore botocore jmespath aioitertools fsspec boto3 s3transfer; do  # fsspec: s3fs pins its exact version
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .s3 "$pkg==$(version "$pkg")"
