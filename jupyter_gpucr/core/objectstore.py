@@ -4,9 +4,9 @@ fsspec with s3fs (gcsfs for ``gs://``) does the talking: the same library pandas
 use for the same URLs, so endpoints and credentials come from where those users already put them
 (the ``AWS_*`` variables, ``AWS_ENDPOINT_URL`` included, profiles, instance roles; Google's
 ``GOOGLE_APPLICATION_CREDENTIALS``, the metadata server, ``STORAGE_EMULATOR_HOST``), and
-``c.GPUCR.store_options`` is fsspec's ``storage_options``. s3fs uploads a large file as a
-multipart upload with several parts in flight and reads one back with ranged reads in parallel;
-botocore checksums every request, which S3 checks on arrival.
+``c.GPUCR.store_options`` is fsspec's ``storage_options``. A large file goes to S3 as a multipart
+upload of parts read as they are sent, several at once across all files, and comes back as ranged
+reads in parallel, each written in place; botocore checksums every request, which S3 checks on arrival.
 
 A server only ever lists, reads, writes and deletes below ``URL/USER/`` (:attr:`ObjectStore.root`).
 
@@ -64,7 +64,8 @@ def _defaults(protocol: str) -> dict[str, Any]:
     if protocol in ("s3", "s3a"):
         return {"use_listings_cache": False, "skip_instance_cache": True,
                 "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": 120,
-                                  "retries": {"max_attempts": 3, "mode": "standard"}}}
+                                  "retries": {"max_attempts": 3, "mode": "standard"},
+                                  "max_pool_connections": 2 * STREAMS}}  # botocore's 10 would cap the transfers
     if protocol in ("gs", "gcs"):  # every listing asks the store: another node's uploads and leases show at once
         return {"use_listings_cache": False, "skip_instance_cache": True}
     return {"skip_instance_cache": True}
@@ -149,11 +150,12 @@ class ObjectStore:
 
     # -- objects --------------------------------------------------------------------------
     def put_files(self, pairs: Sequence[tuple[str, str]], progress: Callable[[int], None] | None = None) -> None:
-        """Upload each (local file, key), :data:`STREAMS` files at once, large ones in parallel parts."""
+        """Upload each (local file, key): on S3, or sealed, in parts of :data:`PART` bytes,
+        :data:`STREAMS` at once across all files; elsewhere as fsspec puts files."""
         if not pairs:
             return
-        if self.key is not None:
-            self._put_sealed(pairs, progress)
+        if self.key is not None or self.is_s3:
+            self._put_parts(pairs, progress)
             return
         try:
             self.fs.put([p[0] for p in pairs], [self.path(p[1]) for p in pairs], batch_size=STREAMS,
@@ -161,9 +163,12 @@ class ObjectStore:
         except BaseException as e:
             raise self._failed("uploading", e) from e
 
-    def _put_sealed(self, pairs: Sequence[tuple[str, str]], progress: Callable[[int], None] | None) -> None:
-        """Seal each file in parts as it is read, :data:`STREAMS` parts at once across all files: on S3
-        a large file is a multipart upload of sealed parts, elsewhere (and for one part) a stream."""
+    def _put_parts(self, pairs: Sequence[tuple[str, str]], progress: Callable[[int], None] | None) -> None:
+        """Each file in parts, read (and sealed) as they are sent, :data:`STREAMS` parts at once across
+        all files, so at most that many are in memory: on S3 a large file is a multipart upload,
+        elsewhere (and for one part) a stream. (s3fs's own put held ``batch_size`` files times
+        ``max_concurrency`` parts of 50 MiB in memory, and was slower against the same store:
+        bench/bench_store_raw.py.)"""
         done = _Added(progress)
         uploads: list[tuple[str, str, list[Future[dict[str, Any]]]]] = []  # (key, upload id, parts) on S3
         pool = ThreadPoolExecutor(STREAMS, thread_name_prefix="gpucr-upload")
