@@ -54,8 +54,8 @@ from tests.s3 import environ  # noqa: E402
 
 SUSPEND_GOAL, RESTORE_GOAL = 1.2, 1.5
 PREFIX = "w2-store"
-UPLOADED = re.compile(r"kernel (\S+) is in .*?: (\d+) MiB in (\d+) objects, (\d+) MiB of them while CRIU wrote them, "
-                      r"the rest in ([\d.]+) s after the dump")
+UPLOADED = re.compile(r"kernel (\S+) is in .*?: (\d+) MiB in (\d+) objects, (\d+) MiB of them sent while CRIU wrote them, "
+                      r"(\d+) MiB more by the upload beside the dump; done ([\d.]+) s after the dump")
 DOWNLOADED = re.compile(r"downloaded checkpoint \S+ of kernel (\S+) from .* \((\d+) MiB in ([\d.]+) s\)")
 
 
@@ -203,8 +203,8 @@ def until_durable(server: Server, kernel_id: str, t0: float, timeout: float = 18
 def uploaded(log: str, kernel_id: str) -> dict[str, Any]:
     """What node A's log says its upload moved."""
     m = next((m for m in UPLOADED.finditer(log) if m.group(1) == kernel_id), None)
-    return {"uploaded_mib": int(m.group(2)), "objects": int(m.group(3)), "streamed_mib": int(m.group(4)),
-            "upload_rest_s": float(m.group(5))} if m else {}
+    return {"uploaded_mib": int(m.group(2)), "objects": int(m.group(3)), "during_dump_mib": int(m.group(4)),
+            "streamed_mib": int(m.group(4)) + int(m.group(5))} if m else {}
 
 
 def downloaded(log: str, kernel_id: str) -> dict[str, Any]:
@@ -255,6 +255,7 @@ def summary(result: dict[str, Any]) -> str:
              fmt.format("  the cell warm, before suspending", col(local, "warm_cell_s"), col(store, "warm_cell_s"), "", ""),
              fmt.format("checkpoint", col(local, "bytes", " MiB", 2**20), col(store, "stored_bytes", " MiB", 2**20), "", ""),
              fmt.format("  sent by the upload begun in the dump", "", col(store, "streamed_mib", " MiB"), "", ""),
+             fmt.format("    of them while CRIU wrote", "", col(store, "during_dump_mib", " MiB"), "", ""),
              fmt.format("  downloaded", "", col(store, "downloaded_mib", " MiB"), "", ""),
              fmt.format("resident in page cache before restore", col(local, "resident_before_restore", "", 1 / 100),
                         col(store, "resident_before_restore", "", 1 / 100), "", "(% of the store's files)"),
