@@ -459,6 +459,8 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--think", type=float, default=2.0, help="most seconds a user waits between two turns")
     ap.add_argument("--min-resident", type=float, default=0.0, help="c.GPUCR.min_resident_s")
+    ap.add_argument("--headroom", type=float, default=0.0,
+                    help="c.GPUCR.room_headroom in kernels' declarations (1: one kernel's room kept free ahead)")
     ap.add_argument("--host", action="store_true", help="CPU kernels under a host memory budget")
     ap.add_argument("--kernel-mib", type=int, default=1024, help="--host: MiB each kernel holds")
     ap.add_argument("--budget", default="", help="--host: c.GPUCR.host_memory_budget (default: half the kernels)")
@@ -481,7 +483,8 @@ def main() -> int:
     codes, size = kernels_and_size(args)
     filler = None
     # suspend_on_stop off: at the end the running kernels stop rather than all going to the store at once
-    options = [f"--GPUCR.min_resident_s={args.min_resident}", "--GPUCR.suspend_on_stop=False"]
+    options = [f"--GPUCR.min_resident_s={args.min_resident}", "--GPUCR.suspend_on_stop=False",
+               f"--GPUCR.room_headroom={int(args.headroom * size.declared)}"]
     if args.host:
         budget = parse_size(args.budget) if args.budget else size.declared * max(1, args.kernels // 2)
         options += [f"--GPUCR.host_memory_budget={budget}", f"--GPUCR.kernel_memory={size.declared}"]

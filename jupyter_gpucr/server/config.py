@@ -190,6 +190,14 @@ class GPUCR(Configurable):
         "has room for it: 'lru' suspends idle kernels there, least recently used first, until it fits, then restores "
         "it (the user sees 'waiting for room on GPU 0: suspending 2 idle kernels'); 'never' refuses with the reason.",
     )
+    room_headroom = Union(
+        [Float(), Unicode()], default_value="", config=True,
+        help="Room kept free ahead ('17GiB'): after each restore or start that made room on a GPU (or under "
+        "host_memory_budget), idle kernels there are suspended in the background, least recently used first and "
+        "as room_policy and min_resident_s allow, until this much is free again; the next kernel to come back "
+        "then waits for its own restore only. One kernel's declared memory is a good value. Empty or 0: room is "
+        "made only when a kernel needs it.",
+    )
     min_resident_s = Float(
         300.0, config=True,
         help="Seconds a kernel stays safe from being suspended to make room after its last activity (a cell, its "
@@ -251,7 +259,7 @@ class GPUCR(Configurable):
         "default (GPU 0, or the first of its CUDA_VISIBLE_DEVICES). Empty: none is made at start.",
     )
 
-    @validate("host_memory_budget", "kernel_memory", "kernel_gpu_memory", "max_scratch_bytes")
+    @validate("host_memory_budget", "kernel_memory", "kernel_gpu_memory", "max_scratch_bytes", "room_headroom")
     def _valid_size(self, proposal: Any) -> Any:
         try:
             parse_size(proposal["value"], 1)

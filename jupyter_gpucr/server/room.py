@@ -6,7 +6,14 @@ suspending idle kernels, least recently used first, through the server's own sus
 decides, suspends the kernels it chose, and reserves the room for the kernel that asked until its
 memory is in place, so that two restores never count on the same free bytes.
 
-A kernel's "last use" is jupyter_server's ``last_activity`` (a cell, its output, any request).
+A kernel's "last use" is jupyter_server's ``last_activity`` (a cell, its output, any request), or
+when room was last made for it, whichever is later.
+
+With ``c.GPUCR.room_headroom`` the room is also made ahead: after each restore or start, idle
+kernels are suspended in the background until that much is free where it was made, so that the
+next user who comes back waits for their own restore only, not for another kernel's suspend too.
+A restore that needs room while such a suspend is under way waits for it rather than choose
+another victim.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from typing import Any
 
 import psutil
 from jupyter_events import EventLogger
+from traitlets import TraitError
 
 from ..core import gpus
 from ..core.errors import GPUCRError, PreconditionError
@@ -159,7 +167,8 @@ def room_event_schema() -> dict[str, Any]:
         "type": "object", "required": ["kernel_id", "outcome", "need", "message"],
         "properties": {
             "kernel_id": {"type": "string", "description": "The kernel that needs the room."},
-            "for": {"enum": ["restore", "start"]},
+            "for": {"enum": ["restore", "start", "headroom"],
+                    "description": "headroom: room made ahead, in the background (c.GPUCR.room_headroom)."},
             "outcome": {"enum": ["fits", "suspending", "refused"]},
             "where": {"type": ["string", "null"], "description": "'on GPU 0', 'in host memory'; null: refused."},
             "need": {"type": "integer", "description": "Bytes."},
@@ -191,6 +200,8 @@ class RoomMaker:
         self._lock = asyncio.Lock()
         self._reserved: dict[str, dict[str, int]] = {}  # kernel id -> place key -> bytes
         self._owners: dict[str, int | None] = {}
+        self._arrived: dict[str, float] = {}  # kernel id -> when room was last made for it (epoch seconds)
+        self._freeing: dict[str, asyncio.Task[None]] = {}  # place key -> the suspend ahead under way there
         if event_logger is not None and ROOM_EVENT_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(room_event_schema())
 
@@ -286,6 +297,57 @@ class RoomMaker:
             yield chosen
         finally:
             self._reserved.pop(kernel_id, None)
+        self._arrived[kernel_id] = time.time()
+        if chosen and self.headroom():
+            for need, place in zip(needs, chosen):
+                self._ahead(kernel_id, need, place.key)
+
+    def headroom(self) -> int:
+        return parse_size(self.options.room_headroom) if self.options.room_policy == "lru" else 0
+
+    def _ahead(self, kernel_id: str, need: Need, key: str) -> None:
+        """Start suspending idle kernels in the background until ``c.GPUCR.room_headroom`` is free
+        at ``key`` again (one pass at a time per place)."""
+        running = self._freeing.get(key)
+        if running is not None and not running.done():
+            return
+        task = asyncio.create_task(self._keep_headroom(kernel_id, need, key))
+        self._freeing[key] = task
+        task.add_done_callback(lambda t: self._freeing.pop(key, None) if self._freeing.get(key) is t else None)
+
+    async def _keep_headroom(self, kernel_id: str, need: Need, key: str) -> None:
+        try:
+            await self._suspend_ahead(kernel_id, need, key)
+        except Exception:  # a background task: nothing else would report it
+            self.log.exception("gpucr: keeping room free failed")
+
+    async def _suspend_ahead(self, kernel_id: str, need: Need, key: str) -> None:
+        headroom = self.headroom()
+        async with self._lock:
+            rules = self.rules(None)
+            place = next((p for p in need.places(set()) if p.key == key), None)
+            if place is None or place.free >= headroom:
+                return
+            decision = decide(headroom, [_without(place, {kernel_id})], rules)
+            if decision.place is None or not decision.victims:
+                return
+            self._emit(kernel_id, "headroom", "suspending", decision, rules)
+            self.log.info("gpucr: keeping %s free %s: suspending %s ahead (least recently used, idle)",
+                          human(headroom), place.where, ", ".join(v.kernel_id for v in decision.victims))
+        for victim in decision.victims:
+            try:
+                await self.suspender.suspend(victim.kernel_id, reason="room")
+            except GPUCRError as e:
+                self.log.warning("gpucr: kernel %s was not suspended ahead to keep room free: %s", victim.kernel_id, e)
+        await self._settle(Need(headroom, need.places), key, "")
+
+    async def _suspends_ahead(self, key: str) -> bool:
+        """Wait for the suspend ahead under way at ``key``, if any; whether there was one."""
+        task = self._freeing.get(key)
+        if task is None or task.done():
+            return False
+        await asyncio.shield(task)
+        return True
 
     async def _make(self, kernel_id: str, why: str, need: Need) -> Place:
         """Decide, suspend what the decision names, and again until it fits; then reserve."""
@@ -296,6 +358,8 @@ class RoomMaker:
                 places = need.places({kernel_id})
                 decision = decide(need.bytes, [_without(p, tried) for p in places], rules)
                 if (decision.place is None or decision.victims) and await self._warm_give_way(kernel_id, places):
+                    continue
+                if decision.victims and await self._suspends_ahead(decision.place.key):
                     continue
                 if decision.place is None:
                     self._emit(kernel_id, why, "refused", decision, rules)
@@ -379,8 +443,13 @@ class RoomMaker:
 
     def _resident(self, kernel_id: str, nbytes: int) -> Resident:
         km = self.kernel_manager.get_kernel(kernel_id)
-        last = getattr(km, "last_activity", None)
-        return Resident(kernel_id, nbytes, last.timestamp() if last else 0.0, self._owner(kernel_id),
+        try:
+            last = getattr(km, "last_activity", None)
+        except TraitError:  # a kernel still starting has none yet: it counts as just used
+            last = None
+            self._arrived.setdefault(kernel_id, time.time())
+        used = max(last.timestamp() if last else 0.0, self._arrived.get(kernel_id, 0.0))
+        return Resident(kernel_id, nbytes, used, self._owner(kernel_id),
                         busy=getattr(km, "execution_state", "") == "busy",
                         running=self.lifecycle.state_of(kernel_id) == RUNNING)
 
