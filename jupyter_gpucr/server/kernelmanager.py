@@ -85,7 +85,9 @@ class GPUCRKernelManager(ServerKernelManager):
                 return
             self.suspender.cancel_pending(self.kernel_id)
             await super().shutdown_kernel(now=now, restart=restart)
-            if not restart:
+            if restart:  # the process room was made for is gone; the start that follows makes room again
+                self.suspender.room.forget(self.kernel_id)
+            else:
                 self.suspender.discard(self.kernel_id)
 
     async def stop_process(self) -> None:

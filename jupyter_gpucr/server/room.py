@@ -200,7 +200,7 @@ class RoomMaker:
         self._lock = asyncio.Lock()
         self._reserved: dict[str, dict[str, int]] = {}  # kernel id -> place key -> bytes
         self._owners: dict[str, int | None] = {}
-        self._arrived: dict[str, float] = {}  # kernel id -> when room was last made for it (epoch seconds)
+        self._arrived: dict[str, float] = {}  # kernel id -> when it started or room was last made for it (epoch seconds)
         self._freeing: dict[str, asyncio.Task[None]] = {}  # place key -> the suspend ahead under way there
         if event_logger is not None and ROOM_EVENT_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(room_event_schema())
@@ -265,8 +265,13 @@ class RoomMaker:
         first = _visible_gpu(getattr(kernel_spec, "env", None) or {}, gpus.list_gpus(), 0)
         if gpu_need and first is not None:
             needs.append(Need(gpu_need + GPU_MARGIN, lambda skip: self.gpu_places(first.name, first.uuid, first.uuid, skip)))
-        async with self._room(kernel_id, "start", needs):
-            yield
+        try:
+            async with self._room(kernel_id, "start", needs):
+                self._arrived[kernel_id] = time.time()  # it has no last activity until it is ready: it counts as just used
+                yield
+        except BaseException:
+            self.forget(kernel_id)  # what was noted for a start that did not happen
+            raise
 
     def gpu_room_for_context(self, kernel_spec: Any, devices: Iterable[int]) -> bool:
         """Whether each GPU a kernel of ``kernel_spec`` numbers ``devices`` (its ``cuda:N``) has room
@@ -286,6 +291,11 @@ class RoomMaker:
             kernel_spec = self.kernel_manager.get_kernel(kernel_id).kernel_spec
         metadata = getattr(kernel_spec, "metadata", None) or {}
         return parse_size(metadata.get("gpucr_memory", self.options.kernel_memory))
+
+    def forget(self, kernel_id: str) -> None:
+        """The kernel was shut down, or its restart replaces its process: drop what was noted of it."""
+        self._arrived.pop(kernel_id, None)
+        self._owners.pop(kernel_id, None)
 
     # -- the work -------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -339,7 +349,7 @@ class RoomMaker:
                 await self.suspender.suspend(victim.kernel_id, reason="room")
             except GPUCRError as e:
                 self.log.warning("gpucr: kernel %s was not suspended ahead to keep room free: %s", victim.kernel_id, e)
-        await self._settle(Need(headroom, need.places), key, "")
+        await self._settle(Need(headroom, need.places), key, skip=set())
 
     async def _suspends_ahead(self, key: str) -> bool:
         """Wait for the suspend ahead under way at ``key``, if any; whether there was one."""
@@ -372,7 +382,7 @@ class RoomMaker:
                 self.log.warning("gpucr: kernel %s %s: suspending %s (least recently used, idle)", kernel_id,
                                  decision.message, ", ".join(v.kernel_id for v in decision.victims))
                 await self._suspend(kernel_id, why, decision, tried)
-                await self._settle(need, decision.place.key, kernel_id)
+                await self._settle(need, decision.place.key, skip={kernel_id})
             raise PreconditionError(f"No room could be made for {human(need.bytes)} after {MAX_ROUNDS} rounds of "
                                     "suspending idle kernels.", "Try again; the checkpoint is kept.")
 
@@ -403,11 +413,12 @@ class RoomMaker:
             if waiting:
                 self.lifecycle.transition(kernel_id, RESTORING, "restoring", room=None)
 
-    async def _settle(self, need: Need, key: str, kernel_id: str) -> None:
-        """Until the suspended kernels' memory shows as free (NVML lags the exit by a moment)."""
+    async def _settle(self, need: Need, key: str, skip: set[str]) -> None:
+        """Until the suspended kernels' memory shows as free (NVML lags the exit by a moment); what
+        the ``skip`` kernels hold counts as free, as for :meth:`_make` (none for room made ahead)."""
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
-            place = next((p for p in need.places({kernel_id}) if p.key == key), None)
+            place = next((p for p in need.places(skip) if p.key == key), None)
             if place is None or place.free >= need.bytes:
                 return
             await asyncio.sleep(0.1)
@@ -445,9 +456,8 @@ class RoomMaker:
         km = self.kernel_manager.get_kernel(kernel_id)
         try:
             last = getattr(km, "last_activity", None)
-        except TraitError:  # a kernel still starting has none yet: it counts as just used
+        except TraitError:  # a kernel still starting has none yet: its arrival (for_start) counts
             last = None
-            self._arrived.setdefault(kernel_id, time.time())
         used = max(last.timestamp() if last else 0.0, self._arrived.get(kernel_id, 0.0))
         return Resident(kernel_id, nbytes, used, self._owner(kernel_id),
                         busy=getattr(km, "execution_state", "") == "busy",

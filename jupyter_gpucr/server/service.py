@@ -457,6 +457,7 @@ class KernelSuspender:
         self.lifecycle.forget(kernel_id)
         self.saved.forget(kernel_id)
         self.prefetcher.forget(kernel_id)
+        self.room.forget(kernel_id)
 
     async def restore_from_trash(self, trash_id: str, replace: bool = False, sessions: bool = True) -> KernelState:
         """List a trashed kernel again, suspended, under its old id (see ``Trash.take_out`` for

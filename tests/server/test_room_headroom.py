@@ -8,12 +8,11 @@ import asyncio
 
 import pytest
 
-from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID, SUSPENDED, WAITING
-from jupyter_gpucr.server.room import ROOM_EVENT_ID
-from tests.conftest import criu_or_skip
+from jupyter_gpucr.server.lifecycle import SUSPENDED, WAITING
 from tests.kernel_ws import execute
-from tests.server.test_room_host import KernelMemory
-from tests.server.test_server import fetch_json, new_session, open_ws
+from tests.server.test_room_host import KernelMemory, budget_config
+from tests.server.test_server import new_session, open_ws
+from tests.server.test_server_lifecycle import wait_state
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,31 +24,10 @@ DATA = SIZE - 96 * MiB
 
 @pytest.fixture
 def jp_server_config(tmp_path):
-    criu_or_skip()
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_gpucr": True}},
-        "GPUCR": {"store": str(tmp_path / "gpucr-store"), "host_memory_budget": f"{BUDGET}",
-                  "kernel_memory": f"{SIZE}", "min_resident_s": 0, "room_headroom": f"{SIZE}"},
-    }
+    return budget_config(tmp_path, SIZE, room_headroom=f"{SIZE}")
 
 
-async def _state(jp_fetch, kernel_id: str, want: str, timeout: float = 60.0) -> dict:
-    for _ in range(int(timeout / 0.1)):
-        st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kernel_id)
-        if st["state"] == want:
-            return st
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"kernel {kernel_id} is {st['state']}, not {want}")
-
-
-async def test_room_is_kept_free_ahead_so_no_one_waits(jp_fetch, jp_ws_fetch, jp_serverapp):
-    events: list[tuple[str, dict]] = []
-
-    async def listener(logger, schema_id, data):
-        events.append((schema_id, dict(data)))
-
-    for schema in (EVENT_SCHEMA_ID, ROOM_EVENT_ID):
-        jp_serverapp.event_logger.add_listener(schema_id=schema, listener=listener)
+async def test_room_is_kept_free_ahead_so_no_one_waits(jp_fetch, jp_ws_fetch, server_events):
     kids, sockets = {}, {}
     with KernelMemory() as memory:
         for i, name in enumerate("abcd"):
@@ -58,18 +36,18 @@ async def test_room_is_kept_free_ahead_so_no_one_waits(jp_fetch, jp_ws_fetch, jp
             _, out, _ = await execute(sockets[name], f"b = bytes([{i + 1}]) * {DATA}\nprint(b[0] + b[-1])")
             assert out.split() == [str(2 * (i + 1))]
         # c's start left no room: a (least recently used) went ahead; d's start then did the same to b
-        st = await _state(jp_fetch, kids["b"], SUSPENDED)
+        st = await wait_state(jp_fetch, kids["b"], SUSPENDED)
         assert (st["checkpoint"]["reason"], st["made_room_for"]) == ("room", None)
         _, out, _ = await execute(sockets["a"], "print(b[0] + b[-1], len(b))")  # a comes back: room is there
         assert out.split() == ["2", str(DATA)]
-        await _state(jp_fetch, kids["c"], SUSPENDED)  # and c, now least recently used, goes ahead
+        await wait_state(jp_fetch, kids["c"], SUSPENDED)  # and c, now least recently used, goes ahead
     assert memory.peak <= BUDGET, f"the kernels held {memory.peak >> 20} MiB, over the budget of {BUDGET >> 20} MiB"
 
     by_id = {v: k for k, v in kids.items()}
-    room = [(e["for"], by_id[e["kernel_id"]], [by_id[v] for v in e["victims"]]) for s, e in events
-            if s == ROOM_EVENT_ID and e["outcome"] == "suspending"]
+    room = [(e["for"], by_id[e["kernel_id"]], [by_id[v] for v in e["victims"]]) for e in server_events.room()
+            if e["outcome"] == "suspending"]
     assert room == [("headroom", "c", ["a"]), ("headroom", "d", ["b"]), ("headroom", "a", ["c"])]
-    assert not [e for s, e in events if s == EVENT_SCHEMA_ID and e["state"] == WAITING], "someone waited for room"
+    assert not [e for e in server_events.lifecycle() if e["state"] == WAITING], "someone waited for room"
     for ws in sockets.values():
         ws.close()
     await asyncio.sleep(0)

@@ -12,8 +12,7 @@ import time
 import psutil
 import pytest
 
-from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID, WAITING
-from jupyter_gpucr.server.room import ROOM_EVENT_ID
+from jupyter_gpucr.server.lifecycle import WAITING
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, new_session, open_ws
@@ -32,14 +31,20 @@ NAMES = "abcdef"
 TURNS = "aebd"
 
 
-@pytest.fixture
-def jp_server_config(tmp_path):
+def budget_config(tmp_path, size: int, **gpucr) -> dict:
+    """A server whose kernels each take ``size`` under a host memory budget of three of them, idle ones
+    suspended for room at once (no ``min_resident_s``)."""
     criu_or_skip()
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_gpucr": True}},
-        "GPUCR": {"store": str(tmp_path / "gpucr-store"), "host_memory_budget": f"{BUDGET}",
-                  "kernel_memory": f"{SIZE}", "min_resident_s": 0},
+        "GPUCR": {"store": str(tmp_path / "gpucr-store"), "host_memory_budget": f"{3 * size}",
+                  "kernel_memory": f"{size}", "min_resident_s": 0, **gpucr},
     }
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    return budget_config(tmp_path, SIZE)
 
 
 class KernelMemory:
@@ -76,14 +81,7 @@ def fill(n: int) -> str:
     return f"b = bytes([{n}]) * {DATA}\nprint(b[0] + b[-1], len(b))"
 
 
-async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fetch, jp_serverapp):
-    events: list[tuple[str, dict]] = []
-
-    async def listener(logger, schema_id, data):
-        events.append((schema_id, dict(data)))
-
-    for schema in (EVENT_SCHEMA_ID, ROOM_EVENT_ID):
-        jp_serverapp.event_logger.add_listener(schema_id=schema, listener=listener)
+async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fetch, jp_serverapp, server_events):
     kids: dict[str, str] = {}
     sockets = {}
     resident: list[str] = []  # least recently used first, as the test expects the server to see it
@@ -113,14 +111,13 @@ async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fe
     assert memory.peak <= BUDGET, f"the kernels held {memory.peak >> 20} MiB, over the budget of {BUDGET >> 20} MiB"
 
     by_id = {v: k for k, v in kids.items()}
-    made = [(by_id[e["victims"][0]], by_id[e["kernel_id"]]) for s, e in events
-            if s == ROOM_EVENT_ID and e["outcome"] == "suspending"]
+    made = [(by_id[e["victims"][0]], by_id[e["kernel_id"]]) for e in server_events.room() if e["outcome"] == "suspending"]
     assert made == expected_victims
     for victim, for_whom in expected_victims[-2:]:  # not run again since
         if victim not in resident:
             st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kids[victim])
             assert (st["state"], st["checkpoint"]["reason"], st["made_room_for"]) == ("suspended", "room", kids[for_whom])
-    waits = [e["room"]["message"] for s, e in events if s == EVENT_SCHEMA_ID and e["state"] == WAITING]
+    waits = [e["room"]["message"] for e in server_events.lifecycle() if e["state"] == WAITING]
     assert waits and set(waits) == {"waiting for room in host memory: suspending 1 idle kernel"}
 
     report = await fetch_json(jp_fetch, "api", "gpucr", "room")
@@ -131,3 +128,11 @@ async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fe
     for ws in sockets.values():
         ws.close()
     await asyncio.sleep(0)
+
+    # a kernel shut down, running or suspended, leaves nothing behind in what makes room
+    room = jp_serverapp.kernel_manager.suspender.room
+    shut = [kids[resident[-1]], kids[next(n for n in NAMES if n not in resident)]]
+    assert all(k in room._arrived and k in room._owners for k in shut)
+    for kid in shut:
+        await jp_fetch("api", "kernels", kid, method="DELETE")
+    assert not [k for k in shut if k in room._arrived or k in room._owners]

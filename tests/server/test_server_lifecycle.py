@@ -43,15 +43,7 @@ async def wait_state(jp_fetch, kid, state, timeout=60):
     raise AssertionError(f"kernel {kid} never reached {state}: {st}")
 
 
-async def test_culling_suspends_instead_of_deleting(jp_fetch, jp_ws_fetch, jp_serverapp):
-    events = []
-
-    async def listener(logger, schema_id, data):
-        events.append(data)
-
-    from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID
-
-    jp_serverapp.event_logger.add_listener(schema_id=EVENT_SCHEMA_ID, listener=listener)
+async def test_culling_suspends_instead_of_deleting(jp_fetch, jp_ws_fetch, server_events):
     session = await new_session(jp_fetch, "idle.ipynb")
     kid = session["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
@@ -61,7 +53,7 @@ async def test_culling_suspends_instead_of_deleting(jp_fetch, jp_ws_fetch, jp_se
     assert st["checkpoint"]["reason"] == "idle"
     assert kid in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
     assert [s["kernel"]["id"] for s in await fetch_json(jp_fetch, "api", "sessions")] == [kid]
-    phases = [e["phase"] for e in events if e["kernel_id"] == kid]
+    phases = [e["phase"] for e in server_events.lifecycle() if e["kernel_id"] == kid]
     assert phases[0] == "trimming" and "dumping" in phases and phases[-1] == "done"
     ws = await open_ws(jp_ws_fetch, kid)
     _, out, _ = await execute(ws, "print(w)")
