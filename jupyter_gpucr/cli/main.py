@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--encryption-key-file", metavar="FILE",
                    help="with object storage: encrypt what goes into the store with the 256-bit key in FILE (AES-256-GCM; "
                    "the user's own file, mode 0600; default $GPUCR_ENCRYPTION_KEY_FILE); restores need the same key")
+    p.add_argument("--previous-encryption-key-file", metavar="FILE", action="append", default=[],
+                   help="with object storage, after a key rotation: a key --encryption-key-file held before, which "
+                   "opens the checkpoints it encrypted (checked as that file is; repeatable; default "
+                   "$GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES, separated by os.pathsep); new checkpoints use the current key")
     p.add_argument("--criu", help="path to the criu binary")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     # --json works before or after the subcommand (gpucr --json ls, gpucr ls --json)
@@ -161,9 +165,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "install-criu":
         return install(args.prefix, args.force)
     url = args.store or os.environ.get("GPUCR_STORE")
-    key_file = args.encryption_key_file or os.environ.get("GPUCR_ENCRYPTION_KEY_FILE")
-    key = load_key(key_file) if key_file and url and is_url(url) else None
-    remote = ObjectStore(url, key=key) if url and is_url(url) else None  # then this node's default store is the cache
+    remote = _object_store(url, args) if url and is_url(url) else None  # then this node's default store is the cache
     # uploaded checkpoints keep the scratch files the process holds open (the home is taken for shared)
     cr = Checkpointer(None if remote else args.store, criu_path=args.criu, open_files=OpenFiles() if remote else None)
     if args.cmd == "run":
@@ -233,6 +235,14 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "trash":
         return _trash_command(cr, args)
     raise AssertionError(args.cmd)
+
+
+def _object_store(url: str, args: argparse.Namespace) -> ObjectStore:
+    """The store at ``url`` with the keys the options (else the environment) name."""
+    key_file = args.encryption_key_file or os.environ.get("GPUCR_ENCRYPTION_KEY_FILE")
+    previous = args.previous_encryption_key_file or [
+        p for p in os.environ.get("GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES", "").split(os.pathsep) if p]
+    return ObjectStore(url, key=load_key(key_file) if key_file else None, previous_keys=[load_key(p) for p in previous])
 
 
 def _fork_line(rec: ProcRecord) -> str:

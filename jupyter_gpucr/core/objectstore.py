@@ -12,8 +12,10 @@ A server only ever lists, reads, writes and deletes below ``URL/USER/`` (:attr:`
 
 With a key (:mod:`.sealing`) the objects :meth:`ObjectStore.put_files` writes are sealed chunk by
 chunk as they are read, and :meth:`ObjectStore.get_files` opens each range as it arrives: the local
-files stay plaintext, the store holds only ciphertext. Sizes given and asked for are plaintext
-sizes; :meth:`ObjectStore.stored_size` is what the store lists. The JSON records stay plaintext.
+files stay plaintext, the store holds only ciphertext. A checkpoint sealed with one of the
+operator's previous keys (:attr:`ObjectStore.previous_keys`) is read with that key. Sizes given and
+asked for are plaintext sizes; :meth:`ObjectStore.stored_size` is what the store lists. The JSON
+records stay plaintext.
 """
 from __future__ import annotations
 
@@ -26,11 +28,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
+from . import s3threads
 from .errors import GPUCRError
 from .sealing import StoreKey, sealed_range, sealed_size
 
 #: Files uploaded or downloaded at once (each large one in several parts besides).
-STREAMS = 8
+STREAMS = 16
 #: Bytes one ranged read of a download asks for (whole sealed chunks: a multiple of sealing.CHUNK).
 CHUNK = 32 << 20
 #: How long a connection to the store may take before the store counts as unreachable.
@@ -73,10 +76,11 @@ def _defaults(protocol: str) -> dict[str, Any]:
 
 class ObjectStore:
     """One user's prefix in an object store; keys are relative to it. ``key``: seal every object
-    :meth:`put_files` writes with it (and open those :meth:`get_files` reads)."""
+    :meth:`put_files` writes with it (and open those :meth:`get_files` reads); ``previous_keys``:
+    the keys before it, which open only what they sealed (after a key rotation)."""
 
     def __init__(self, url: str, options: dict[str, Any] | None = None, user: str | None = None,
-                 key: StoreKey | None = None) -> None:
+                 key: StoreKey | None = None, previous_keys: Sequence[StoreKey] = ()) -> None:
         import fsspec
 
         self.url = url.rstrip("/")
@@ -89,6 +93,9 @@ class ObjectStore:
         self.user = user or user_name()
         self.root = f"{base.rstrip('/')}/{self.user}"
         self.key = key
+        self.previous_keys = tuple(previous_keys)
+        self._threaded: Any = None  # the client upload_part uses (False: s3fs's), made on first use
+        self._threaded_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{self.url}/{self.user}"
@@ -207,6 +214,18 @@ class ObjectStore:
         bucket, path, _ = self.fs.split_path(self.path(key))
         return self.fs.call_s3(method, Bucket=bucket, Key=path, **kwargs)
 
+    def upload_part(self, key: str, upload_id: str, number: int, body: bytes) -> str:
+        """Send one part of the multipart upload ``upload_id`` to ``key``; its ETag. Through a plain
+        botocore client where one matches s3fs's settings, so parts sent by several threads are
+        hashed and copied in parallel (see :mod:`.s3threads`)."""
+        with self._threaded_lock:
+            if self._threaded is None:
+                self._threaded = s3threads.threaded_client(self.fs, 2 * STREAMS) or False
+        if not self._threaded:
+            return self.call_s3("upload_part", key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"]
+        bucket, path, _ = self.fs.split_path(self.path(key))
+        return s3threads.upload_part(self._threaded, self.fs, bucket, path, upload_id, number, body)
+
     def _put_stream(self, local: str, key: str, spans: list[tuple[int, int, bool]], done: _Added) -> None:
         fd = os.open(local, os.O_RDONLY)
         try:
@@ -225,13 +244,16 @@ class ObjectStore:
             data = self.stored_bytes(key, lambda at, n: os.pread(fd, n, at), start, end, final)
         finally:
             os.close(fd)
-        reply = self.call_s3("upload_part", key, UploadId=upload_id, PartNumber=number, Body=data)
+        etag = self.upload_part(key, upload_id, number, data)
         done.add(end - start)
-        return {"PartNumber": number, "ETag": reply["ETag"]}
+        return {"PartNumber": number, "ETag": etag}
 
-    def get_files(self, pairs: Sequence[tuple[str, str, int]], progress: Callable[[int], None] | None = None) -> None:
+    def get_files(self, pairs: Sequence[tuple[str, str, int]], progress: Callable[[int], None] | None = None,
+                  opener: StoreKey | None = None) -> None:
         """Download each (key, local file, size) as ranged reads of :data:`CHUNK` bytes, :data:`STREAMS` at
-        once across all files, each written in place as it arrives (opened first when sealed)."""
+        once across all files, each written in place as it arrives (opened first when sealed: with
+        ``opener``, the key they were sealed with, else the store's key)."""
+        opener = opener or self.key
         ranges = [(key, local, start, min(size, start + CHUNK), size) for key, local, size in pairs
                   for start in range(0, max(size, 1), CHUNK)]
         done = _Added(progress)
@@ -243,7 +265,7 @@ class ObjectStore:
 
             def one(r: tuple[str, str, int, int, int]) -> None:
                 key, local, start, end, size = r
-                data = self._read_range(key, start, end, size)
+                data = self._read_range(key, start, end, size, opener)
                 os.pwrite(fds[local], data, start)
                 done.add(len(data))
 
@@ -257,16 +279,16 @@ class ObjectStore:
             for fd in fds.values():
                 os.close(fd)
 
-    def _read_range(self, key: str, start: int, end: int, size: int) -> bytes:
-        """Plaintext [start, end) of the object at ``key`` (``size`` plaintext bytes)."""
-        if self.key is None:
+    def _read_range(self, key: str, start: int, end: int, size: int, opener: StoreKey | None) -> bytes:
+        """Plaintext [start, end) of the object at ``key`` (``size`` plaintext bytes), opened with ``opener``."""
+        if opener is None:
             data = self.fs.cat_file(self.path(key), start=start, end=end) if end > start else b""
             if len(data) != end - start:
                 raise OSError(f"{key}: {len(data)} bytes came back for bytes {start}-{end}")
             return data
         first, last = sealed_range(start, end, size)
         data = self.fs.cat_file(self.path(key), start=first, end=last)
-        return self.key.open_span(self.sealed_name(key), data, start, end, size, where=f"{self!r}/{key}")
+        return opener.open_span(self.sealed_name(key), data, start, end, size, where=f"{self!r}/{key}")
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """Every object below ``prefix`` (keys relative to it) and its size, as the store reports it."""

@@ -14,7 +14,10 @@ open. The last chunk holds the rest of the plaintext, possibly nothing, so n byt
 an upload and the ranges of a download are whole chunks at computed offsets, so uploads stream
 while CRIU writes and downloads read ranges in parallel as they do without a key.
 
-The key id (8 bytes of a SHA-256 of the key) tells a restore with another key from a damaged object.
+The key id (8 bytes of a SHA-256 of the key) tells a restore with another key from a damaged object,
+and picks among the operator's keys: new objects are sealed with the current key, and a checkpoint
+sealed with a previous one (``c.GPUCR.previous_encryption_key_files``) is opened with that one, so
+kernels suspended before a key rotation still restore.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import json
 import os
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,8 @@ CIPHER = "AES-256-GCM"
 MAKE_A_KEY = ("Make one with: (umask 077; head -c 32 /dev/urandom > KEYFILE), or openssl rand -out KEYFILE 32 "
               "then chmod 600 KEYFILE; keep a copy where the store's backups are not.")
 SET_THE_KEY = "c.GPUCR.encryption_key_file (GPUCR_ENCRYPTION_KEY_FILE, gpucr --encryption-key-file)"
+ADD_A_PREVIOUS_KEY = ("c.GPUCR.previous_encryption_key_files (GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES, "
+                      "gpucr --previous-encryption-key-file)")
 
 
 class EncryptionKeyError(GPUCRError):
@@ -240,24 +245,37 @@ _UNSEALED_HINT = (f"It was stored by a server without {SET_THE_KEY}. A server wi
                   f"restore it from a server without the key, or shut the kernel down.")
 
 
-def _other_key(what: str, theirs: str, key: StoreKey) -> tuple[str, str]:
-    return (f"{what} is encrypted with another key (id {theirs}); this server's key ({key.source}) has id {key.id}.",
-            f"Set {SET_THE_KEY} to the key it was made with; the checkpoint stays in the store as it is.")
+def _other_key(what: str, theirs: str, key: StoreKey, previous: Sequence[StoreKey] = ()) -> tuple[str, str]:
+    known = f"; its previous keys: {_ids(previous)}" if previous else ""
+    return (f"{what} is encrypted with another key (id {theirs}); this server's key ({key.source}) has id {key.id}{known}.",
+            f"Set {SET_THE_KEY} to the key it was made with, or add that key to {ADD_A_PREVIOUS_KEY}; the checkpoint "
+            f"stays in the store as it is.")
 
 
-def check_sealed_with(key: StoreKey | None, record: dict[str, Any] | None, what: str) -> None:
-    """Raise :class:`KeyMismatchError` unless ``key`` opens what ``record`` (``complete.json``'s
-    ``encryption``, None for an unencrypted checkpoint) says was sealed."""
+def _ids(keys: Sequence[StoreKey]) -> str:
+    return ", ".join(f"{k.id} ({k.source})" for k in keys)
+
+
+def opening_key(key: StoreKey | None, previous: Sequence[StoreKey], record: dict[str, Any] | None,
+                what: str) -> StoreKey | None:
+    """The key that opens what ``record`` (``complete.json``'s ``encryption``, None for an unencrypted
+    checkpoint) says was sealed: the current ``key`` or one of the ``previous`` ones, picked by the
+    key id the record holds; None for an unencrypted checkpoint while no key is set. Raises
+    :class:`KeyMismatchError` when none of them does."""
     if record is None:
         if key is not None:
             raise KeyMismatchError(f"{what} is not encrypted, and this store is read with an encryption key "
                                    f"({key.source}).", _UNSEALED_HINT)
-        return
-    if key is None:
-        raise KeyMismatchError(f"{what} is encrypted (key id {record.get('key_id')}) and no encryption key is set.",
+        return None
+    theirs = str(record.get("key_id"))
+    opener = next((k for k in (key, *previous) if k is not None and k.id == theirs), None)
+    if opener is None and key is not None:
+        raise KeyMismatchError(*_other_key(what, theirs, key, previous))
+    if opener is None:
+        known = f"; previous keys: {_ids(previous)}" if previous else ""
+        raise KeyMismatchError(f"{what} is encrypted (key id {theirs}) and no encryption key is set{known}.",
                                f"Set {SET_THE_KEY} to the key it was made with.")
-    if record.get("key_id") != key.id:
-        raise KeyMismatchError(*_other_key(what, str(record.get("key_id")), key))
     if record.get("format") != VERSION or record.get("chunk") != CHUNK:
         raise KeyMismatchError(f"{what} was sealed in format {record.get('format')}, which this gpucr does not read.",
                                "Restore it with the gpucr version that made it.")
+    return opener

@@ -12,7 +12,8 @@ Below the user's prefix (:class:`.objectstore.ObjectStore`)::
 With an encryption key (``ObjectStore.key``) every object below ``checkpoint/`` and ``proc/`` is
 sealed (:mod:`.sealing`); ``complete.json`` stays plaintext, for listing and pruning without the key,
 and holds its copy of the manifest sealed (``manifest_sealed``) and how the checkpoint was sealed
-(``encryption``: the key's id), so a restore with another key, or none, says so before downloading.
+(``encryption``: the key's id), so a restore with another key, or none, says so before downloading,
+and one sealed with a previous key (``ObjectStore.previous_keys``) is opened with that one.
 Its ``objects`` are plaintext sizes; the store lists each one's :meth:`~.ObjectStore.stored_size`.
 The leases and ``uploading.json`` name nodes and times only, and stay plaintext.
 
@@ -38,7 +39,7 @@ from .files import make_private_dir, tighten_permissions
 from .images import read_image
 from .jsonfile import read_json, write_json_atomic
 from .objectstore import ObjectStore, ObjectStoreError
-from .sealing import check_sealed_with
+from .sealing import StoreKey, opening_key
 from .store import Checkpoint, Manifest, ProcRecord, Store, read_manifest
 from .streamup import StreamingUpload
 
@@ -146,14 +147,22 @@ def latest(remote: ObjectStore, name: str) -> dict[str, Any] | None:
     return items[-1] if items else None
 
 
+def checkpoints(remote: ObjectStore) -> dict[str, list[dict[str, Any]]]:
+    """Every name in the user's prefix that has a durable checkpoint, with the ``complete.json`` of
+    each of its durable checkpoints, oldest first."""
+    return {name: items for name in remote.names() if (items := completed(remote, name))}
+
+
 def kernels(remote: ObjectStore) -> dict[str, dict[str, Any]]:
     """Every name in the user's prefix that has a durable checkpoint, with its newest one."""
-    out = {}
-    for name in remote.names():
-        newest = latest(remote, name)
-        if newest is not None:
-            out[name] = newest
-    return out
+    return {name: items[-1] for name, items in checkpoints(remote).items()}
+
+
+def previous_key_use(remote: ObjectStore, found: dict[str, list[dict[str, Any]]]) -> dict[StoreKey, int]:
+    """How many of the checkpoints ``found`` (:func:`checkpoints`) each of the store's previous keys
+    sealed: a key none of them needs can be dropped after a key rotation."""
+    used = [(c.get("encryption") or {}).get("key_id") for items in found.values() for c in items]
+    return {k: used.count(k.id) for k in remote.previous_keys}
 
 
 def missing_here(remote: ObjectStore, store: Store, name: str) -> dict[str, Any] | None:
@@ -167,20 +176,21 @@ def missing_here(remote: ObjectStore, store: Store, name: str) -> dict[str, Any]
     return newest
 
 
-def check_readable(remote: ObjectStore, complete: dict[str, Any]) -> None:
-    """Raise :class:`.sealing.KeyMismatchError` when the store's key (or its lack) does not open
-    this checkpoint: sealed with another key, sealed while no key is set, or not sealed while one is."""
-    check_sealed_with(remote.key, complete.get("encryption"),
-                      f"Checkpoint {complete.get('id')} of {complete.get('name')} in {remote!r}")
+def check_readable(remote: ObjectStore, complete: dict[str, Any]) -> StoreKey | None:
+    """The key that opens this checkpoint: the store's key or one of its previous keys (None: not
+    sealed, and no key is set). Raises :class:`.sealing.KeyMismatchError` when none does: sealed with
+    another key, sealed while no key is set, or not sealed while one is."""
+    return opening_key(remote.key, remote.previous_keys, complete.get("encryption"),
+                       f"Checkpoint {complete.get('id')} of {complete.get('name')} in {remote!r}")
 
 
 def manifest_of(remote: ObjectStore, complete: dict[str, Any]) -> Manifest:
     """The checkpoint's manifest as ``complete.json`` holds it (opened when sealed)."""
-    check_readable(remote, complete)
-    if remote.key is None:
+    opener = check_readable(remote, complete)
+    if opener is None:
         return cast(Manifest, complete["manifest"])
     key = f"{complete['name']}/{complete['id']}/{COMPLETE}"
-    return cast(Manifest, remote.key.open_json(remote.sealed_name(key), complete["manifest_sealed"], f"{remote!r}/{key}"))
+    return cast(Manifest, opener.open_json(remote.sealed_name(key), complete["manifest_sealed"], f"{remote!r}/{key}"))
 
 
 def download(remote: ObjectStore, store: Store, complete: dict[str, Any], progress: Progress | None = None) -> Checkpoint:
@@ -193,7 +203,7 @@ def download(remote: ObjectStore, store: Store, complete: dict[str, Any], progre
     final = store.checkpoints_root / cid
     proc_dir = store.proc_dir(name)
     if not final.is_dir():
-        check_readable(remote, complete)  # before anything here is touched
+        opener = check_readable(remote, complete)  # before anything here is touched
         tmp = make_private_dir(store.checkpoints_root / f".tmp-{cid}")
         objects: dict[str, int] = complete["objects"]
         pairs = []
@@ -204,7 +214,7 @@ def download(remote: ObjectStore, store: Store, complete: dict[str, Any], progre
             pairs.append((f"{name}/{cid}/{key}", str(local), int(size)))
         total = sum(p[2] for p in pairs)
         try:
-            remote.get_files(pairs, (lambda done: progress(done, total)) if progress else None)
+            remote.get_files(pairs, (lambda done: progress(done, total)) if progress else None, opener)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -21,7 +21,7 @@ from .fork import fork_handlers
 from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness
-from .remote import remote_url, store_key
+from .remote import remote_url, store_keys
 from .room_handlers import room_handlers
 from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
@@ -76,9 +76,9 @@ class GPUCRApp(ExtensionApp):
         self.serverapp.io_loop.add_callback(self.readiness.open_after, self.service.relist_at_start, self.log)
 
     def _check_encryption_key(self, config: GPUCR) -> None:
-        """A key file that is missing or open to others stops the server, rather than kernels being
-        uploaded unencrypted or not at all."""
-        if not config.encryption_key_file:
+        """A key file (current or previous) that is missing or open to others stops the server, rather
+        than kernels being uploaded unencrypted or not at all, or left in the store unrestorable."""
+        if not config.encryption_key_file and not config.previous_encryption_key_files:
             return
         if not remote_url(config):
             self.log.warning("gpucr: c.GPUCR.encryption_key_file encrypts what goes into object storage; the store %s "
@@ -86,7 +86,7 @@ class GPUCRApp(ExtensionApp):
                              "the disk).", config.store or "(default)")
             return
         try:
-            store_key(config)
+            store_keys(config)
         except GPUCRError as e:
             self._refuse(e.message, e.hint)
 

@@ -43,6 +43,20 @@ class GPUCR(Configurable):
     def _encryption_key_file_default(self) -> str:
         return os.environ.get("GPUCR_ENCRYPTION_KEY_FILE", "")
 
+    previous_encryption_key_files = List(
+        Unicode(),
+        help="With object storage, after a key rotation: the files of the keys encryption_key_file held before (each "
+        "checked as that file is). New checkpoints are always encrypted with encryption_key_file; a checkpoint "
+        "encrypted with one of these keys is listed and restored as before, and its kernel's next suspend encrypts "
+        "it with the current key. At start the server logs how many checkpoints in the user's prefix each of these "
+        "keys still encrypts: one at 0 can be removed. Empty: $GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES (paths separated "
+        "by os.pathsep, ':' on Linux), else none.",
+    ).tag(config=True)
+
+    @default("previous_encryption_key_files")
+    def _previous_encryption_key_files_default(self) -> list[str]:
+        return [p for p in os.environ.get("GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES", "").split(os.pathsep) if p]
+
     cache_dir = Unicode(
         "", config=True,
         help="With object storage: this node's directory for checkpoints being uploaded or downloaded (the local copy "

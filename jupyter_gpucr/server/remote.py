@@ -10,9 +10,11 @@ node) is taken over. With S3 the upload begins while CRIU writes the images (``c
 with the kernel's offloaded tensors and saved variables beside them.
 At start, uploads an earlier server left unfinished are redone and the kernels other nodes left
 in the store are listed. With ``c.GPUCR.encryption_key_file`` every object holding the process
-is sealed with that key before it leaves the node (``core/sealing.py``). After each upload the
-user's prefix is pruned (``c.GPUCR.keep_last``, ``c.GPUCR.max_bucket_bytes``: ``core/bucket_retention.py``);
-a kernel shut down takes its objects with it, once an upload of it under way is over.
+is sealed with that key before it leaves the node (``core/sealing.py``); checkpoints sealed with
+``c.GPUCR.previous_encryption_key_files`` are opened with those, and the log at start says how
+many each previous key still seals. After each upload the user's prefix is pruned
+(``c.GPUCR.keep_last``, ``c.GPUCR.max_bucket_bytes``: ``core/bucket_retention.py``); a kernel
+shut down takes its objects with it, once an upload of it under way is over.
 """
 from __future__ import annotations
 
@@ -42,16 +44,21 @@ def remote_url(config: GPUCR) -> str | None:
     return url if is_url(url) else None
 
 
-def store_key(config: GPUCR) -> StoreKey | None:
-    """The key objects are sealed with (``c.GPUCR.encryption_key_file``); None without one.
-    Raises :class:`.sealing.EncryptionKeyError` for a file that is missing, open to others or no key."""
-    return load_key(config.encryption_key_file) if config.encryption_key_file else None
+def store_keys(config: GPUCR) -> tuple[StoreKey | None, list[StoreKey]]:
+    """The key objects are sealed with (``c.GPUCR.encryption_key_file``; None without one) and the
+    previous keys, which open what they sealed (``c.GPUCR.previous_encryption_key_files``). Raises
+    :class:`.sealing.EncryptionKeyError` for a file that is missing, open to others or no key."""
+    current = load_key(config.encryption_key_file) if config.encryption_key_file else None
+    return current, [load_key(path) for path in config.previous_encryption_key_files]
 
 
 def connect(config: GPUCR) -> ObjectStore | None:
     """The object store ``c.GPUCR.store`` names, with its options and key; None for a directory."""
     url = remote_url(config)
-    return ObjectStore(url, config.store_options, key=store_key(config)) if url else None
+    if not url:
+        return None
+    key, previous = store_keys(config)
+    return ObjectStore(url, config.store_options, key=key, previous_keys=previous)
 
 
 def local_root(config: GPUCR) -> str | None:
@@ -272,6 +279,18 @@ class RemoteKernels:
         task.add_done_callback(self._forgetting.discard)
 
     # -- server start -----------------------------------------------------------------------
+    def _log_previous_key_use(self, found: dict[str, list[dict[str, Any]]]) -> None:
+        """Say how many checkpoints each previous key still seals: the operator removes a key at 0.
+        A kernel's next suspend seals it with the current key, and retention removes the older ones."""
+        for key, count in upload.previous_key_use(self.remote, found).items():
+            if count:
+                self.log.info("gpucr: %d checkpoint(s) in %r are sealed with the previous encryption key %s (%s); keep "
+                              "it in c.GPUCR.previous_encryption_key_files until their kernels are suspended again "
+                              "or shut down", count, self.remote, key.id, key.source)
+            else:
+                self.log.info("gpucr: 0 checkpoints in %r are sealed with the previous encryption key %s (%s); it can "
+                              "be removed from c.GPUCR.previous_encryption_key_files", self.remote, key.id, key.source)
+
     async def relist(self, listed: Container[str], list_on_disk: Callable[[str, Checkpoint], Awaitable[Any]]) -> None:
         """Redo the uploads an earlier server left unfinished, then list (``list_on_disk``) the kernels
         not ``listed`` yet that this user has suspended in the store on other nodes (or before this
@@ -282,11 +301,13 @@ class RemoteKernels:
                 self.lifecycle.transition(ckpt.name, UPLOADING, "uploading")
                 self.upload_later(ckpt.name, ckpt)
         try:
-            found = await asyncio.to_thread(upload.kernels, self.remote)
+            found = await asyncio.to_thread(upload.checkpoints, self.remote)
         except GPUCRError as e:
             self.log.error("gpucr: the kernels in %r are not listed: %s %s", self.remote, e.message, e.hint)
             return
-        for name, complete in found.items():
+        self._log_previous_key_use(found)
+        for name, items in found.items():
+            complete = items[-1]
             if name in listed:
                 continue
             try:

@@ -246,13 +246,16 @@ def test_sealed_checkpoint_keeps_the_process_out_of_the_store_and_restores_only_
         assert said in refused.value.message and "c.GPUCR.encryption_key_file" in refused.value.hint
         assert not (node_b.checkpoints_root / ckpt.id).exists()
     assert raw_objects(sealed) == stored, "the checkpoint in the store is as it was"
-    # `gpucr restore` with another key: refused before it claims the kernel, so no node's lease is left behind
-    other_file = tmp_path / "other.key"
+    # `gpucr restore` with another key (and a previous key that is not it either): refused before it claims
+    # the kernel, so no node's lease is left behind; the error names every key it tried
+    other_file, older_file = tmp_path / "other.key", make_key(tmp_path / "older.key")
     refused_cli = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli.main", "--store", sealed.url,
-                                  "--encryption-key-file", str(other_file), "restore", "agent"], capture_output=True,
+                                  "--encryption-key-file", str(other_file), "--previous-encryption-key-file",
+                                  str(older_file), "restore", "agent"], capture_output=True,
                                  text=True, timeout=120, env={**os.environ, "JUPYTERHUB_USER": "alice",
                                                                "XDG_DATA_HOME": str(tmp_path / "cache-c")})
     assert refused_cli.returncode == 1 and f"encrypted with another key (id {key.id})" in refused_cli.stderr
+    assert f"its previous keys: {load_key(older_file).id} ({older_file})" in refused_cli.stderr
     assert sealed.read_json("agent/lease.json") is None, "a refused restore holds no lease"
 
     # one byte flipped in the store: the download names the object and keeps nothing of it

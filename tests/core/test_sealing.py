@@ -6,6 +6,7 @@ import base64
 import os
 import pwd
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,16 @@ def test_a_key_file_open_to_others_not_the_users_or_no_key_is_refused(tmp_path: 
     assert "head -c 32 /dev/urandom" in refused.value.hint
     with pytest.raises(EncryptionKeyError, match=f"{tmp_path / 'missing.key'} cannot be read"):
         load_key(tmp_path / "missing.key")
+
+
+def test_a_previous_key_file_is_checked_as_the_current_one(tmp_path: Path) -> None:
+    """``gpucr --previous-encryption-key-file`` with a file open to others stops before anything is done."""
+    current, previous = tmp_path / "current.key", tmp_path / "previous.key"
+    for path, mode in ((current, 0o600), (previous, 0o644)):
+        path.write_bytes(os.urandom(32))
+        path.chmod(mode)
+    refused = subprocess.run([sys.executable, "-m", "jupyter_gpucr.cli.main", "--store", "s3://bucket/kernels",
+                              "--encryption-key-file", str(current), "--previous-encryption-key-file", str(previous),
+                              "ls"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert f"{previous} is open to other users (mode 0644)" in refused.stderr and f"chmod 600 {previous}" in refused.stderr

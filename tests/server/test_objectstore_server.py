@@ -1,6 +1,6 @@
 """Kernels suspended into object storage (moto's S3 server on localhost) by real jupyter servers,
 each with its own node-local cache directory, as on the nodes of a JupyterHub on Kubernetes;
-encrypted with the operator's key."""
+encrypted with the operator's key, and restored after the operator rotated it."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +14,8 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core.objectstore import ObjectStore
+from jupyter_gpucr.core.sealing import load_key
+from jupyter_gpucr.core.upload import completed
 from tests.agent_servers import Served, kill_all
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute, saved_history
@@ -167,5 +169,84 @@ async def test_kernel_sealed_with_the_operators_key_is_restored_on_another_node(
             _, out, _ = await execute(ws, "print(secret[::-1])")
             ws.close()
             assert out.strip() == token
+        finally:
+            kill_all(servers, home)
+
+
+async def wait_logged(server: Served, text: str, timeout: float = 60) -> str:
+    """The server's log once it holds ``text``."""
+    deadline = time.monotonic() + timeout
+    while text not in (log := server.log.read_text()):
+        assert time.monotonic() < deadline, f"never logged {text!r}: {log[-3000:]}"
+        await asyncio.sleep(0.2)
+    return log
+
+
+async def test_kernel_suspended_before_a_key_rotation_restores_and_is_sealed_again_with_the_new_key(tmp_path):
+    """K1 seals a kernel; a server with only K2 does not list it and names K1's id; a previous key
+    file open to others stops the server; a server with K2 and K1 as its previous key restores it,
+    its next checkpoint is sealed with K2 and the K1 one goes; the log says when K1 can be removed."""
+    criu_or_skip()
+    home, url = tmp_path / "home", f"s3://{BUCKET}/rotated-kernels"
+    k1, k2 = tmp_path / "k1.key", tmp_path / "k2.key"
+    for path in (k1, k2):
+        path.write_bytes(os.urandom(32))
+        path.chmod(0o600)
+    k1_id, k2_id = load_key(k1).id, load_key(k2).id
+    servers: list[Served] = []
+    with moto_server(tmp_path / "moto.log") as endpoint:
+        env = aws_env(endpoint)
+
+        def node(cache: str, *options: str, **extra: str) -> Served:
+            servers.append(Served("server", home, url, f"--GPUCR.cache_dir={tmp_path / cache}", *options,
+                                  env={**env, **extra}))
+            return servers[-1]
+
+        def sealed_with() -> list[str]:
+            with environ(env):
+                store = ObjectStore(url, user=None)
+                return [c["encryption"]["key_id"] for c in completed(store, kid)]
+
+        try:
+            a = node("cache-a", f"--GPUCR.encryption_key_file={k1}")
+            await a.wait_ready()
+            kid = await a.start_kernel()
+            ws = await a.ws(kid)
+            await execute(ws, "answer = 6 * 7")
+            ws.close()
+            await a.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            await a.wait_state(kid, "suspended", timeout=120)
+            assert a.stop() == 0 and sealed_with() == [k1_id]
+
+            only_k2 = node("cache-b", f"--GPUCR.encryption_key_file={k2}")
+            log = await wait_logged(only_k2, f"kernel {kid} in")
+            assert f"is encrypted with another key (id {k1_id}); this server's key ({k2}) has id {k2_id}." in log
+            assert kid not in [k["id"] for k in await only_k2.request("api/kernels")]
+            assert only_k2.stop() == 0
+
+            k1.chmod(0o644)
+            refused = node("cache-c", f"--GPUCR.encryption_key_file={k2}", GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES=str(k1))
+            assert refused.proc.wait(60) != 0
+            assert f"{k1} is open to other users (mode 0644). chmod 600 {k1}" in refused.log.read_text()
+            k1.chmod(0o600)
+
+            rotated = node("cache-c", f"--GPUCR.encryption_key_file={k2}", GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES=str(k1))
+            await rotated.wait_ready()
+            await wait_listed(rotated, kid)
+            log = rotated.log.read_text()
+            assert f"1 checkpoint(s) in s3://{BUCKET}/rotated-kernels/" in log
+            assert f"sealed with the previous encryption key {k1_id} ({k1}); keep it" in log
+            ws = await rotated.ws(kid)
+            _, out, _ = await execute(ws, "print(answer)")
+            ws.close()
+            assert out.strip() == "42"
+            await rotated.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            await rotated.wait_state(kid, "suspended", timeout=120)
+            assert sealed_with() == [k2_id], "sealed with the current key; the checkpoint sealed with K1 is gone"
+            assert rotated.stop() == 0
+
+            again = node("cache-c", f"--GPUCR.encryption_key_file={k2}", f"--GPUCR.previous_encryption_key_files={k1}")
+            log = await wait_logged(again, f"0 checkpoints in s3://{BUCKET}/rotated-kernels/")
+            assert f"the previous encryption key {k1_id} ({k1}); it can be removed" in log
         finally:
             kill_all(servers, home)
