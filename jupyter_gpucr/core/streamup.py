@@ -177,9 +177,9 @@ class StreamingUpload:
     def _part(self, f: _File, number: int, offset: int, end: int, final: bool) -> dict[str, Any]:
         try:
             data = self._read(f, offset, end, final)
-            reply = self.remote.call_s3("upload_part", self._key(f), UploadId=f.upload_id, PartNumber=number, Body=data)
+            etag = self.remote.upload_part(self._key(f), f.upload_id, number, data)
             self._count(end - offset)
-            return {"PartNumber": number, "ETag": reply["ETag"]}
+            return {"PartNumber": number, "ETag": etag}
         finally:
             self._slots.release()
             self._wake.set()
