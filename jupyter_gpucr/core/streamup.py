@@ -165,7 +165,7 @@ class StreamingUpload:
         try:
             if f.upload_id is None:
                 f.upload_id = self.remote.call_s3("create_multipart_upload", self._key(f))["UploadId"]
-            f.parts.append(self._pool.submit(self._part, f, len(f.parts) + 1, start, end, final))
+            f.parts.append(self._pool.submit(self._part, f, f.upload_id, len(f.parts) + 1, start, end, final))
         except BaseException:
             self._slots.release()
             raise
@@ -174,10 +174,10 @@ class StreamingUpload:
     def _read(self, f: _File, offset: int, end: int, final: bool) -> bytes:
         return self.remote.stored_bytes(self._key(f), lambda at, n: os.pread(f.fd, n, at), offset, end, final)
 
-    def _part(self, f: _File, number: int, offset: int, end: int, final: bool) -> dict[str, Any]:
+    def _part(self, f: _File, upload_id: str, number: int, offset: int, end: int, final: bool) -> dict[str, Any]:
         try:
             data = self._read(f, offset, end, final)
-            etag = self.remote.upload_part(self._key(f), f.upload_id, number, data)
+            etag = self.remote.upload_part(self._key(f), upload_id, number, data)
             self._count(end - offset)
             return {"PartNumber": number, "ETag": etag}
         finally:
