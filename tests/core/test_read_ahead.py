@@ -15,6 +15,11 @@ from jupyter_gpucr.core import pagecache
 from tests.pagecache import evict, resident_fraction
 
 
+#: Of the files, what must be in the page cache after reading ahead: clean pages may be reclaimed
+#: at any moment under memory pressure (a CI run once lost 2 pages of 8192 in between).
+FILLED = 0.99
+
+
 def _evicted_tensors(tmp_path: Path) -> tuple[Path, list[Path]]:
     if pagecache.in_memory(tmp_path):
         pytest.skip("the temporary folder is in memory: nothing to evict")
@@ -33,7 +38,7 @@ def _evicted_tensors(tmp_path: Path) -> tuple[Path, list[Path]]:
 def test_read_ahead_fills_the_page_cache(tmp_path):
     folder, files = _evicted_tensors(tmp_path)
     assert pagecache.read_ahead([folder], threading.Event()) == 32 << 20
-    assert resident_fraction(files) == 1.0
+    assert resident_fraction(files) >= FILLED
 
 
 def test_read_ahead_waits_for_the_process_image_to_be_read(tmp_path):
@@ -45,7 +50,7 @@ def test_read_ahead_waits_for_the_process_image_to_be_read(tmp_path):
     assert reader.is_alive() and resident_fraction(files) == 0.0  # the image comes first
     start.set()
     reader.join(30)
-    assert result == [32 << 20] and resident_fraction(files) == 1.0
+    assert result == [32 << 20] and resident_fraction(files) >= FILLED
 
 
 def test_a_restore_that_fails_before_its_images_are_read_reads_no_tensors(tmp_path):
