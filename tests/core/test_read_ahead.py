@@ -14,7 +14,6 @@ import pytest
 from jupyter_gpucr.core import pagecache
 from tests.pagecache import evict, resident_fraction
 
-
 #: Of the files, what must be in the page cache after reading ahead: clean pages may be reclaimed
 #: at any moment under memory pressure (a CI run once lost 2 pages of 8192 in between).
 FILLED = 0.99
