@@ -9,6 +9,7 @@ import platform
 import secrets
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from tornado.httpclient import HTTPClientError
@@ -28,6 +29,19 @@ CHECK = "print(int(x.sum()), word)"
 EXPECTED = f"{sum(range(1_000_000))} kept"
 
 
+class Nodes:
+    """Starts this user's servers as if on other nodes: each with a cache directory of its own, all
+    on the store ``url``; each one started is added to ``servers`` (for ``kill_all``)."""
+
+    def __init__(self, servers: list[Served], home: Path, url: str, tmp_path: Path, env: dict[str, str]) -> None:
+        self.servers, self.home, self.url, self.tmp_path, self.env = servers, home, url, tmp_path, env
+
+    def __call__(self, cache: str, *options: str, **extra: str) -> Served:
+        self.servers.append(Served("server", self.home, self.url, f"--GPUCR.cache_dir={self.tmp_path / cache}",
+                                   *options, env={**self.env, **extra}))
+        return self.servers[-1]
+
+
 async def wait_listed(server: Served, kernel_id: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while kernel_id not in [k["id"] for k in await server.request("api/kernels")]:
@@ -42,10 +56,7 @@ async def test_suspended_to_s3_killed_mid_upload_restored_on_another_node(tmp_pa
     servers: list[Served] = []
     with moto_server(tmp_path / "moto.log") as endpoint:
         env = aws_env(endpoint)
-
-        def node(cache: str) -> Served:
-            servers.append(Served("server", home, url, f"--GPUCR.cache_dir={tmp_path / cache}", env=env))
-            return servers[-1]
+        node = Nodes(servers, home, url, tmp_path, env)
 
         try:
             a = node("cache-a")
@@ -134,11 +145,7 @@ async def test_kernel_sealed_with_the_operators_key_is_restored_on_another_node(
     servers: list[Served] = []
     with moto_server(tmp_path / "moto.log") as endpoint:
         env = aws_env(endpoint)
-
-        def node(cache: str, *options: str, **extra: str) -> Served:
-            servers.append(Served("server", home, url, f"--GPUCR.cache_dir={tmp_path / cache}", *options,
-                                  env={**env, **extra}))
-            return servers[-1]
+        node = Nodes(servers, home, url, tmp_path, env)
 
         try:
             key.chmod(0o644)
@@ -196,11 +203,7 @@ async def test_kernel_suspended_before_a_key_rotation_restores_and_is_sealed_aga
     servers: list[Served] = []
     with moto_server(tmp_path / "moto.log") as endpoint:
         env = aws_env(endpoint)
-
-        def node(cache: str, *options: str, **extra: str) -> Served:
-            servers.append(Served("server", home, url, f"--GPUCR.cache_dir={tmp_path / cache}", *options,
-                                  env={**env, **extra}))
-            return servers[-1]
+        node = Nodes(servers, home, url, tmp_path, env)
 
         def sealed_with() -> list[str]:
             with environ(env):
