@@ -24,7 +24,7 @@ from ..core.group import member_log, members
 from ..core.objectstore import ObjectStore, is_url
 from ..core.openfiles import OpenFiles
 from ..core.roomreport import kernel_lines
-from ..core.sealing import load_key
+from ..core.sealing import key_file_from_environment, load_key, previous_key_files_from_environment
 from ..core.store import ProcRecord, name_of_id
 from ..core.waker import read_status, restart_wakers, start_waker
 from .doctor import doctor
@@ -239,9 +239,8 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _object_store(url: str, args: argparse.Namespace) -> ObjectStore:
     """The store at ``url`` with the keys the options (else the environment) name."""
-    key_file = args.encryption_key_file or os.environ.get("GPUCR_ENCRYPTION_KEY_FILE")
-    previous = args.previous_encryption_key_file or [
-        p for p in os.environ.get("GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES", "").split(os.pathsep) if p]
+    key_file = args.encryption_key_file or key_file_from_environment()
+    previous = args.previous_encryption_key_file or previous_key_files_from_environment()
     return ObjectStore(url, key=load_key(key_file) if key_file else None, previous_keys=[load_key(p) for p in previous])
 
 

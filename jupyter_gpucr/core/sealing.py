@@ -52,6 +52,16 @@ ADD_A_PREVIOUS_KEY = ("c.GPUCR.previous_encryption_key_files (GPUCR_PREVIOUS_ENC
                       "gpucr --previous-encryption-key-file)")
 
 
+def key_file_from_environment() -> str:
+    """The current key's file as ``GPUCR_ENCRYPTION_KEY_FILE`` names it ("" without one)."""
+    return os.environ.get("GPUCR_ENCRYPTION_KEY_FILE", "")
+
+
+def previous_key_files_from_environment() -> list[str]:
+    """The previous keys' files as ``GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES`` names them (os.pathsep between)."""
+    return [p for p in os.environ.get("GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES", "").split(os.pathsep) if p]
+
+
 class EncryptionKeyError(GPUCRError):
     """The encryption key file is missing, unreadable, open to others or not a 256-bit key."""
 

@@ -8,6 +8,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicod
 from traitlets.config import Configurable
 
 from ..core.checkpointer import NETWORK_LOCK_HOLD
+from ..core.sealing import key_file_from_environment, previous_key_files_from_environment
 from ..core.sizes import parse_size
 from ..daemon.protocol import DEFAULT_SOCKET
 
@@ -41,7 +42,7 @@ class GPUCR(Configurable):
 
     @default("encryption_key_file")
     def _encryption_key_file_default(self) -> str:
-        return os.environ.get("GPUCR_ENCRYPTION_KEY_FILE", "")
+        return key_file_from_environment()
 
     previous_encryption_key_files = List(
         Unicode(),
@@ -55,7 +56,7 @@ class GPUCR(Configurable):
 
     @default("previous_encryption_key_files")
     def _previous_encryption_key_files_default(self) -> list[str]:
-        return [p for p in os.environ.get("GPUCR_PREVIOUS_ENCRYPTION_KEY_FILES", "").split(os.pathsep) if p]
+        return previous_key_files_from_environment()
 
     cache_dir = Unicode(
         "", config=True,
