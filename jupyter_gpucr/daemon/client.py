@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import os
 import socket
+import struct
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,12 +50,7 @@ class DaemonClient:
              before_dump: Callable[[], None] | None = None, **args: Any) -> Any:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(CONNECT_TIMEOUT)
-            try:
-                sock.connect(self.socket_path)
-            except OSError as e:
-                raise EngineError(f"The gpucr daemon at {self.socket_path} cannot be reached: {e.strerror or e}.",
-                                  "Start it (systemctl start gpucr-daemon) or ask the administrator.") from None
+            _connect(sock, self.socket_path)
             sock.settimeout(timeout)
             try:
                 sock.sendall(encode({"op": op, "args": args}))
@@ -87,6 +83,22 @@ class DaemonClient:
         except GPUCRError as e:
             return e.message
         return None
+
+
+def _connect(sock: socket.socket, path: str) -> None:
+    """Connect, waiting up to ``CONNECT_TIMEOUT`` while the daemon's queue of connections is full.
+    The socket blocks with a send timeout, which the kernel applies to a Unix connect: the client
+    sleeps in the queue's line of waiters and is woken as the daemon accepts (with a timeout of its
+    own, Python's socket would fail at once with EAGAIN)."""
+    seconds = int(CONNECT_TIMEOUT)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, int((CONNECT_TIMEOUT - seconds) * 1e6)))
+    try:
+        sock.connect(path)
+    except OSError as e:
+        why = "its queue stayed full" if isinstance(e, BlockingIOError) else e.strerror or e
+        raise EngineError(f"The gpucr daemon at {path} cannot be reached: {why}.",
+                          "Start it (systemctl start gpucr-daemon) or ask the administrator.") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 0, 0))
 
 
 def _outcome(step: Callable[[], None] | None) -> dict[str, Any]:

@@ -1,14 +1,21 @@
 """The daemon's socket: accepts connections so that no user can exhaust the daemon for the others.
 
-Every local user may connect, so every resource a connection takes is bounded before it is spent:
+Every local user may connect, so every resource a connection takes is bounded before it is spent,
+and nothing one user sends can keep another's request waiting:
 
+- One thread accepts every connection and reads every request line, never blocking on a client:
+  the kernel's queue of connections is emptied as fast as it fills, so a user who connects in a
+  tight loop keeps nobody else from connecting. A request gets a thread of its own only once its
+  line is whole; it is parsed there, so a request that is slow to parse holds no one else's.
 - Connections are counted per uid and in total (SO_PEERCRED is read at accept). One over either cap
-  gets one error line and is closed at once, in the accepting thread: no thread, no buffer.
+  gets one error line and is closed at once: no thread, no buffer.
 - The request line must arrive whole within ``request_timeout`` (a client that sends a byte now
   and then holds nothing for long), and is read in chunks up to ``MAX_REQUEST`` without parsing.
 - The first ``FREE_BYTES`` of each request cost nothing (every ordinary request is smaller); larger
   requests draw on one budget for the whole daemon until their connection ends, so the daemon's
   memory stays bounded whatever the number of users, and small requests are never refused for it.
+- A request that is not a JSON object naming a verb, whatever its shape, is answered with the
+  reason; refusals and failures of connections are logged at most once per ``LOG_EVERY`` per uid.
 - Answers that the client does not read time out (``SEND_TIMEOUT``) instead of holding a thread.
 
 A long operation (a checkpoint can take minutes) holds its connection, which is why the per-uid cap
@@ -19,17 +26,20 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import queue
+import selectors
 import socket
 import threading
 import time
-from collections import Counter
+import traceback
+from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import BusyError, GPUCRError, StateError
-from .protocol import MAX_REQUEST, ProtocolError, encode, parse, peer_credentials, printable
+from .protocol import MAX_REQUEST, ProtocolError, encode, parse, peer_credentials, printable, request
 
 log = logging.getLogger("gpucr-daemon")
 #: What every request may take without drawing on the budget of large requests.
@@ -42,6 +52,8 @@ SEND_TIMEOUT = 60.0
 MAX_REPLY = 64 << 10
 #: How often, at most, refusals of one uid are logged (the rest are counted).
 LOG_EVERY = 10.0
+#: Connections accepted in a row before the requests under way are read again.
+ACCEPT_BATCH = 64
 _CHUNK = 64 << 10
 
 Credentials = tuple[int, int, int]  # pid, uid, gid
@@ -56,6 +68,18 @@ class Limits:
     request_timeout: float = 10.0
 
 
+@dataclass(eq=False)
+class _Arriving:
+    """A connection whose request line is still arriving."""
+
+    conn: socket.socket
+    creds: Credentials
+    deadline: float
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    reserved: int = 0
+
+
 class Listener:
     """Accepts connections on a Unix socket and hands each whole request to ``handler`` in its own
     thread, with the ``Connection`` for its answer lines."""
@@ -67,50 +91,69 @@ class Listener:
         self._budget = _Budget(LARGE_BUDGET)
         self._refusals = _RefusalLog()
         self._stopping = threading.Event()
+        self._selector = selectors.DefaultSelector()
+        self._arriving: OrderedDict[_Arriving, None] = OrderedDict()  # by deadline: as accepted
+        self._whole: queue.SimpleQueue[tuple[socket.socket, Credentials, bytes, int] | None] = queue.SimpleQueue()
         self.sock = _bind(path)
 
     def serve_forever(self) -> None:
-        self.sock.settimeout(0.5)  # to notice shutdown()
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError as e:
-                if self._stopping.is_set():
-                    break
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._refusals.note(-1, f"cannot accept connections: {e.strerror}")
-                    time.sleep(0.05)  # the waiting connections stay queued; never spin
-                    continue
-                raise
-            self._admit(conn)
+        """Accept connections and read their requests in this thread; whole requests go to
+        ``_start_threads``, which starts their threads (a start waits for the new thread)."""
+        self.sock.setblocking(False)
+        self._selector.register(self.sock, selectors.EVENT_READ)
+        starter = threading.Thread(target=self._start_threads, daemon=True, name="starter")
+        starter.start()
+        try:
+            while not self._stopping.is_set():
+                for key, _ in self._selector.select(self._wait()):
+                    if key.data is None:
+                        self._accept_waiting()
+                    else:
+                        self._receive(key.data)
+                self._expire()
+        finally:
+            self._whole.put(None)
+            while self._arriving:
+                self._finish(next(iter(self._arriving)))
 
     def shutdown(self) -> None:
         self._stopping.set()
 
     def close(self) -> None:
+        self._selector.close()
         self.sock.close()
 
     # -- admission ------------------------------------------------------------------------
+    def _accept_waiting(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._refusals.note(-1, f"cannot accept connections: {e.strerror}")
+                    time.sleep(0.05)  # the waiting connections stay queued; never spin
+                    return
+                raise
+            self._admit(conn)
+
     def _admit(self, conn: socket.socket) -> None:
         try:
             creds = peer_credentials(conn)
+            conn.setblocking(False)
         except OSError:
             conn.close()
             return
-        uid = creds[1]
-        refusal = self._take_slot(uid)
-        if refusal is None:
-            try:
-                threading.Thread(target=self._serve, args=(conn, creds), daemon=True, name=f"uid-{uid}").start()
-                return
-            except RuntimeError:  # no thread to be had: the host is out of them
-                self._give_slot(uid)
-                refusal = BusyError("The gpucr daemon cannot start another thread.", "Retry in a moment.")
-        self._refusals.note(uid, refusal.message)
-        _send_once(conn, refusal)
-        conn.close()
+        refusal = self._take_slot(creds[1])
+        if refusal is not None:
+            self._refusals.note(creds[1], refusal.message)
+            _send_once(conn, refusal)
+            conn.close()
+            return
+        arriving = _Arriving(conn, creds, time.monotonic() + self.limits.request_timeout)
+        self._arriving[arriving] = None
+        self._selector.register(conn, selectors.EVENT_READ, arriving)
 
     def _take_slot(self, uid: int) -> GPUCRError | None:
         with self._lock:
@@ -129,69 +172,117 @@ class Listener:
             if self._open[uid] <= 0:
                 del self._open[uid]
 
-    # -- one connection -------------------------------------------------------------------
-    def _serve(self, conn: socket.socket, creds: Credentials) -> None:
+    # -- request lines --------------------------------------------------------------------
+    def _wait(self) -> float:
+        """How long the selector may wait: until the oldest request is due, at most 0.5 s (to
+        notice ``shutdown``)."""
+        due = next(iter(self._arriving)).deadline - time.monotonic() if self._arriving else 0.5
+        return min(0.5, max(0.0, due))
+
+    def _receive(self, arriving: _Arriving) -> None:
+        """One read of a request under way (one per turn, so that each client gets its turn)."""
+        try:
+            line = self._read_some(arriving)
+        except GPUCRError as e:
+            self._refuse(arriving, e)
+            return
+        except OSError:
+            self._finish(arriving)
+            return
+        if line is None:
+            return
+        if not line:  # closed without a request
+            self._finish(arriving)
+            return
+        self._selector.unregister(arriving.conn)
+        del self._arriving[arriving]
+        self._whole.put((arriving.conn, arriving.creds, line, arriving.reserved))
+
+    def _read_some(self, arriving: _Arriving) -> bytes | None:
+        """The whole request line; None while more is to come; b"" when the client closed first."""
+        try:
+            chunk = arriving.conn.recv(_CHUNK)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            if arriving.chunks:
+                raise ProtocolError("The request ended without a line break.")
+            return b""
+        end = chunk.find(b"\n")
+        if end >= 0:
+            chunk = chunk[:end + 1]
+        arriving.size += len(chunk)
+        if arriving.size > MAX_REQUEST:
+            raise ProtocolError(f"The request is longer than {MAX_REQUEST >> 20} MiB, the daemon's limit.",
+                                "A request carries a command, its environment and a record: make the environment smaller.")
+        need = arriving.size - FREE_BYTES - arriving.reserved
+        if need > 0:
+            if not self._budget.take(need):
+                raise BusyError("The gpucr daemon is reading its limit of large requests "
+                                f"({LARGE_BUDGET >> 20} MiB).", "Retry in a moment.")
+            arriving.reserved += need
+        arriving.chunks.append(chunk)
+        if end < 0:
+            return None
+        line = b"".join(arriving.chunks)
+        arriving.chunks.clear()
+        return line
+
+    def _expire(self) -> None:
+        """Refuse the requests that did not arrive in time."""
+        now = time.monotonic()
+        while self._arriving and (arriving := next(iter(self._arriving))).deadline <= now:
+            timeout = self.limits.request_timeout
+            self._refuse(arriving, ProtocolError(f"The request did not arrive within {timeout:g} s.",
+                                                 "Send the whole request line at once."))
+
+    def _refuse(self, arriving: _Arriving, error: GPUCRError) -> None:
+        self._refusals.note(arriving.creds[1], error.message)
+        _send_once(arriving.conn, error)
+        self._finish(arriving)
+
+    def _finish(self, arriving: _Arriving) -> None:
+        """Close a connection whose request never became whole, and give back what it took."""
+        if self._arriving.pop(arriving, False) is False:
+            return  # finished already
+        self._selector.unregister(arriving.conn)
+        arriving.conn.close()
+        arriving.chunks.clear()
+        self._budget.give(arriving.reserved)
+        self._give_slot(arriving.creds[1])
+
+    # -- whole requests -------------------------------------------------------------------
+    def _start_threads(self) -> None:
+        while (whole := self._whole.get()) is not None:
+            conn, (_, uid, _), _, reserved = whole
+            try:
+                threading.Thread(target=self._serve, args=whole, daemon=True, name=f"uid-{uid}").start()
+            except RuntimeError:  # no thread to be had: the host is out of them
+                error = BusyError("The gpucr daemon cannot start another thread.", "Retry in a moment.")
+                self._refusals.note(uid, error.message)
+                _send_once(conn, error)
+                self._end(conn, uid, reserved)
+
+    def _serve(self, conn: socket.socket, creds: Credentials, line: bytes, reserved: int) -> None:
         uid = creds[1]
-        reserved = 0
         try:
             try:
-                line, reserved = self._read_request(conn)
-                if not line:
-                    return  # closed without a request
-                msg = parse(line)
+                msg = request(line)
             except GPUCRError as e:
                 self._refusals.note(uid, e.message)
                 _send_once(conn, e)
                 return
             del line
             self.handler(creds, msg, Connection(conn))
-        except Exception:  # noqa: BLE001 - one connection's failure never stops the daemon
-            log.exception("uid %d: the connection failed", uid)
+        except Exception as e:  # noqa: BLE001 - one connection's failure never stops the daemon
+            self._refusals.note(uid, f"the connection failed: {e!r}", "".join(traceback.format_tb(e.__traceback__)))
         finally:
-            conn.close()
-            self._budget.give(reserved)
-            self._give_slot(uid)
+            self._end(conn, uid, reserved)
 
-    def _read_request(self, conn: socket.socket) -> tuple[bytes, int]:
-        """The request line, or b"" when the client closed first; and the bytes it took from the
-        budget (given back by the caller once the connection ends)."""
-        timeout = self.limits.request_timeout
-        deadline = time.monotonic() + timeout
-        chunks: list[bytes] = []
-        size = reserved = 0
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                conn.settimeout(left)
-                chunk = conn.recv(_CHUNK)
-                if not chunk:
-                    if chunks:
-                        raise ProtocolError("The request ended without a line break.")
-                    return b"", reserved
-                end = chunk.find(b"\n")
-                if end >= 0:
-                    chunk = chunk[:end + 1]
-                size += len(chunk)
-                if size > MAX_REQUEST:
-                    raise ProtocolError(f"The request is longer than {MAX_REQUEST >> 20} MiB, the daemon's limit.",
-                                        "A request carries a command, its environment and a record: make the environment smaller.")
-                need = size - FREE_BYTES - reserved
-                if need > 0:
-                    if not self._budget.take(need):
-                        raise BusyError("The gpucr daemon is reading its limit of large requests "
-                                        f"({LARGE_BUDGET >> 20} MiB).", "Retry in a moment.")
-                    reserved += need
-                chunks.append(chunk)
-                if end >= 0:
-                    return b"".join(chunks), reserved
-        except TimeoutError:
-            self._budget.give(reserved)
-            raise ProtocolError(f"The request did not arrive within {timeout:g} s.", "Send the whole request line at once.") from None
-        except BaseException:
-            self._budget.give(reserved)
-            raise
+    def _end(self, conn: socket.socket, uid: int, reserved: int) -> None:
+        conn.close()
+        self._budget.give(reserved)
+        self._give_slot(uid)
 
 
 class Connection:
@@ -260,15 +351,16 @@ class _Budget:
 
 
 class _RefusalLog:
-    """Logs refused connections at most once per ``LOG_EVERY`` per uid, with how many more there
-    were: a flood of connections must not become a flood of log lines."""
+    """Logs refusals and failures of connections at most once per ``LOG_EVERY`` per uid, with how
+    many more there were: a flood of connections must not become a flood of log lines."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.last: dict[int, float] = {}
         self.quiet: Counter[int] = Counter()
 
-    def note(self, uid: int, why: str) -> None:
+    def note(self, uid: int, why: str, detail: str = "") -> None:
+        """``why`` (escaped, cut) and ``detail`` (a traceback: the daemon's own text) when logged."""
         now = time.monotonic()
         with self.lock:
             if now - self.last.get(uid, -LOG_EVERY) < LOG_EVERY:
@@ -277,7 +369,8 @@ class _RefusalLog:
             self.last[uid] = now
             more = self.quiet.pop(uid, 0)
         who = "the daemon" if uid < 0 else f"uid {uid}"
-        log.warning("%s: %s%s", who, printable(why), f" ({more} more refusals not logged)" if more else "")
+        log.warning("%s: %s%s%s", who, printable(why), f" ({more} more refusals not logged)" if more else "",
+                    f"\n{detail}" if detail else "")
 
 
 def _send_once(conn: socket.socket, error: GPUCRError) -> None:

@@ -12,6 +12,7 @@ client's line, ``{"ok": true}`` to go on or an error line as above to put the pr
 from __future__ import annotations
 
 import json
+import math
 import socket
 import struct
 from typing import Any
@@ -50,14 +51,44 @@ def read_line(f: Any) -> dict[str, Any] | None:
 
 
 def parse(line: bytes) -> dict[str, Any]:
-    """One message from its line."""
+    """One message from its line: a JSON object in UTF-8 with finite numbers. Whatever the line
+    holds (nesting deeper than the parser's stack, digits past Python's limit, invalid UTF-8), the
+    error is a ProtocolError."""
     try:
-        msg = json.loads(line)
+        msg = json.loads(line.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
+    except UnicodeDecodeError:
+        raise ProtocolError("The message is not UTF-8.") from None
+    except RecursionError:
+        raise ProtocolError("The message is nested too deeply.") from None
     except ValueError as e:
-        raise ProtocolError(f"The message is not JSON: {e}") from None
+        raise ProtocolError(f"The message is not JSON: {printable(e)}") from None
     if not isinstance(msg, dict):
         raise ProtocolError("The message is not a JSON object.")
     return msg
+
+
+def request(line: bytes) -> dict[str, Any]:
+    """A request from its line: a message whose ``op`` is a verb and whose ``args``, if any, an
+    object. Checked before the request is dispatched, so that a malformed one is refused (and
+    logged) as a connection is, never as a request."""
+    msg = parse(line)
+    op, args = msg.get("op"), msg.get("args")
+    if not isinstance(op, str) or op not in VERBS:
+        raise ProtocolError(f"Unknown request {printable(op)!r}.", f"The daemon knows: {', '.join(VERBS)}.")
+    if args is not None and not isinstance(args, dict):
+        raise ProtocolError("args must be a JSON object.")
+    return msg
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number here")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {printable(text, 40)} is out of range")
+    return value
 
 
 def printable(value: object, limit: int = 200) -> str:

@@ -248,8 +248,9 @@ print(json.dumps(sorted(done.values())))
 
 
 def test_a_crafted_op_forges_no_log_line(daemon: H.Daemon) -> None:
-    """An op or a name with a line break (or a character some viewers take for one) in it: the
-    daemon's log has it escaped on the request's own line."""
+    """An op or a name with a line break (or a character some viewers take for one) in it: a
+    crafted op is refused as unknown, and the daemon's log has no line of the attacker's making;
+    the crafted name is escaped on the request's own line."""
     forged = "2020-01-01 00:00:00,000 gpucr-daemon INFO uid 0 (pid 1): remove all: ok"
     for op, name in (("hello\n" + forged, "x"), ("list", "x\r\n" + forged), ("no\u2028" + forged, "x")):
         out = H.as_user(ATTACKER, f"""
@@ -260,12 +261,11 @@ s.sendall(json.dumps({{"op": {op!r}, "args": {{"name": {name!r}}}}}).encode() + 
 print(s.makefile().readline())
 """)
         assert out["ok"] is False
+        assert op == "list" or out["error"]["message"].startswith("Unknown request"), out
     victim_served(daemon)
     lines = daemon.log.read_text().splitlines()  # splits at \r and U+2028 too
     assert not [line for line in lines if line.startswith("2020-01-01")]
-    assert any("hello\\n2020-01-01" in line for line in lines)
     assert any("x\\r\\n2020-01-01" in line for line in lines)
-    assert any("no\\u20282020-01-01" in line for line in lines)
 
 
 def test_a_process_log_is_cut_back_at_the_cap(daemon: H.Daemon) -> None:
@@ -393,3 +393,154 @@ def criu_dumping_in(d: H.Daemon, workdir: Path) -> int | None:
         except psutil.Error:
             continue
     return next((pid for pid, parent in runs.items() if parent not in runs), None)
+
+
+#: What an attacker's processes do for ``FLOOD_SECONDS`` each, with PATH the daemon's socket.
+FLOODS = {
+    # connections in a tight loop, each with the start of a request, the newest 400 held open
+    "connect": """
+held = []
+while time.monotonic() < end:
+    s = socket.socket(socket.AF_UNIX)
+    s.setblocking(False)
+    try:
+        s.connect(PATH)
+        s.send(b'{"op": "hel')
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+    if len(held) > 400:
+        held.pop(0).close()
+""",
+    # connections that send a byte every 0.1 s until the daemon closes them, 16 threads each
+    "slow": """
+def slow():
+    while time.monotonic() < end:
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(PATH)
+            s.setblocking(False)
+            while time.monotonic() < end and not select.select([s], [], [], 0.1)[0]:
+                s.send(b" ")
+        except OSError:
+            pass
+        s.close()
+threads = [threading.Thread(target=slow) for _ in range(16)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+""",
+    # whole requests the parser could choke on, 8 threads each
+    "json": """
+BOMBS = [b"[" * 100000, b"[" * 900 + b"]" * 900, b"[" + b"1," * 300000 + b"1]", b"9" * 500000,
+         b'{"op": "hello", "args": {"x": 1e999999}}', b"\\xff" * 60000, b"NaN", b'{"a": ' * 50000]
+def bombs():
+    i = 0
+    while time.monotonic() < end:
+        i += 1
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(PATH)
+            s.sendall(BOMBS[i % len(BOMBS)] + b"\\n")
+            s.recv(4096)
+        except OSError:
+            pass
+        s.close()
+threads = [threading.Thread(target=bombs) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+""",
+}
+FLOOD_PROCESSES = 3
+FLOOD_SECONDS = 7
+
+
+def flood(d: H.Daemon, attack: str) -> subprocess.Popen:
+    """``FLOOD_PROCESSES`` processes of the attacker running ``FLOODS[attack]`` for ``FLOOD_SECONDS``."""
+    return spawn_as(ATTACKER, f"""
+import os, select, socket, threading, time
+PATH = {str(d.socket)!r}
+for _ in range({FLOOD_PROCESSES} - 1):
+    if os.fork() == 0:
+        break
+end = time.monotonic() + {FLOOD_SECONDS}
+{FLOODS[attack]}
+""")
+
+
+def victim_times(d: H.Daemon, calls: int) -> dict:
+    """The victim's ``hello`` through ``DaemonClient``, ``calls`` times 0.1 s apart: how long each
+    took (timed inside the victim's process) and why any failed."""
+    return H.as_user(VICTIM, f"""
+import json, time
+from jupyter_gpucr.core.errors import GPUCRError
+from jupyter_gpucr.daemon.client import DaemonClient
+times, failures = [], []
+for _ in range({calls}):
+    t = time.monotonic()
+    try:
+        DaemonClient({str(d.socket)!r}).call("hello")
+        times.append(time.monotonic() - t)
+    except GPUCRError as e:
+        failures.append(e.message)
+    time.sleep(0.1)
+print(json.dumps({{"times": times, "failures": failures}}))
+""", timeout=120)
+
+
+@pytest.mark.parametrize("attack", FLOODS)
+def test_the_victim_is_answered_within_a_second_under_a_flood(daemon: H.Daemon, attack: str) -> None:
+    """Three processes of the attacker flood the daemon for 7 s (connections in a tight loop, slow
+    senders, requests the parser could choke on); every one of the victim's 30 requests meanwhile is
+    answered within a second."""
+    victim_served(daemon)
+    attacker = flood(daemon, attack)
+    try:
+        time.sleep(1)
+        report = victim_times(daemon, 30)
+    finally:
+        attacker.communicate(timeout=30)
+    print(f"{attack}: the victim's answer times: max {max(report['times'] or [0]):.3f} s, "
+          f"median {sorted(report['times'] or [0])[len(report['times']) // 2]:.3f} s")
+    assert not report["failures"], report["failures"][:3]
+    assert max(report["times"]) < 1.0, sorted(report["times"])[-5:]
+
+
+#: Each malformed request's line, as a Python expression (the long ones would not fit an argv).
+MALFORMED = {"deep nesting": 'b"[" * 100000', "deep object": 'b\'{"a": \' * 50000', "digits": 'b"9" * 500000',
+             "an infinite number": 'b\'{"op": "hello", "args": {}, "x": 1e999999}\'', "NaN": 'b\'{"op": NaN}\'',
+             "invalid UTF-8": 'b\'{"op": "\\xff\\xfe"}\'', "UTF-16": '\'{"op": "hello"}\'.encode("utf-16")',
+             "not an object": 'b\'["hello"]\'', "no op": 'b\'{"args": {}}\'', "an unknown op": 'b\'{"op": "shutdown"}\'',
+             "args not an object": 'b\'{"op": "hello", "args": [1]}\'', "not JSON": 'b"hello"'}
+
+
+def test_every_malformed_request_is_answered_and_logged_briefly(daemon: H.Daemon) -> None:
+    """Twenty rounds of requests of every malformed shape: each gets an error answer with the
+    reason, and the daemon's log grows by a few lines in all (refusals are rate-limited), with no
+    traceback."""
+    before = daemon.log.stat().st_size
+    report = H.as_user(ATTACKER, f"""
+import json, socket
+MALFORMED = {{{", ".join(f"{k!r}: {v}" for k, v in MALFORMED.items())}}}
+answers = {{}}
+for _ in range(20):
+    for shape, line in MALFORMED.items():
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(10)
+        s.connect({str(daemon.socket)!r})
+        s.sendall(line + b"\\n")
+        answer = s.makefile("rb").readline()
+        s.close()
+        answers[shape] = json.loads(answer)["error"] if answer else "no answer"
+print(json.dumps(answers))
+""", timeout=120)
+    victim_served(daemon)
+    for shape, error in report.items():
+        assert isinstance(error, dict) and error["error"] == "ProtocolError", (shape, error)
+    grown = daemon.log.read_bytes()[before:]
+    assert b"Traceback" not in grown and b"RecursionError" not in grown, grown[-2000:]
+    assert len(grown) < 2048, grown.decode(errors="replace")
