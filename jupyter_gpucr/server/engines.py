@@ -30,6 +30,7 @@ from . import kernel_rpc
 from .backend import Backend
 from .kernel_rpc import SNAPSHOT_PAYLOAD
 from .loopstep import LoopStep
+from .ports import MANIFEST_KEY, HeldPorts
 from .provisioner import GPUCRProvisioner
 
 if TYPE_CHECKING:
@@ -86,9 +87,10 @@ class CriuEngine(SuspendEngine):
     name = "criu"
     label = "whole process"
 
-    def __init__(self, checkpointer: CheckpointBackend, backend: Backend) -> None:
+    def __init__(self, checkpointer: CheckpointBackend, backend: Backend, ports: HeldPorts) -> None:
         super().__init__(checkpointer)
         self.backend = backend
+        self.ports = ports  # the kernels' listening ports, held while they are on disk
 
     def problem(self, km: Any) -> str | None:
         if self.backend.kind == "none":  # why this server launches no kernel through the gpucr provisioner
@@ -99,6 +101,18 @@ class CriuEngine(SuspendEngine):
 
     async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
                       detach: Detach) -> Checkpoint:
+        held = self.ports.take(kernel_id, km.provisioner.kernel_pid, km.ip, km.ports) if km.transport == "tcp" else []
+        try:
+            ckpt = await self._dump(kernel_id, km, reason, {**extra, MANIFEST_KEY: held}, progress, detach)
+        except BaseException:  # the kernel runs (or was restored anew): its own sockets hold its ports
+            self.ports.release(kernel_id)
+            raise
+        km.provisioner.mark_suspended()
+        await km.provisioner.cleanup(restart=True)
+        return ckpt
+
+    async def _dump(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
+                    detach: Detach) -> Checkpoint:
         # Both backends stop there once the GPU is free, before CRIU freezes the kernel; the
         # tensors the kernel wrote beside the image reach the disk while CRIU dumps.
         gpu_free = LoopStep()
@@ -107,13 +121,10 @@ class CriuEngine(SuspendEngine):
             [self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR]))
         await gpu_free.take(detach, dump)  # the server's connections close (their FINs go out) before the freeze
         try:
-            ckpt = await dump
+            return await dump
         except PutBackError as e:  # the dump finished, the commit failed: the process was restored anew
             km.provisioner.adopt(e.started)
             raise
-        km.provisioner.mark_suspended()
-        await km.provisioner.cleanup(restart=True)
-        return ckpt
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         tensors = self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR
@@ -136,6 +147,7 @@ class CriuEngine(SuspendEngine):
         try:
             running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, restoring, False,
                                               _offloaded_by_gpu(ckpt, tensors) if offloaded else None)
+            self.ports.release(kernel_id)  # the restored kernel's own sockets are bound beside them
             km.provisioner.adopt(running.started)
             await kernel_rpc.follow_moved_history(km, running.relocated)
             if offloaded:  # a GPU kernel: restored eagerly, its memory is all there

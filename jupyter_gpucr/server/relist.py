@@ -18,6 +18,7 @@ from ..core.procs import is_alive, tree
 from ..core.store import Checkpoint, Store
 from .kernels import Kernels
 from .lifecycle import SUSPENDED, KernelLifecycle, KernelState
+from .ports import HeldPorts
 from .preparation import KERNEL_RECORD, SavedReplies
 from .remote import RemoteKernels
 
@@ -35,12 +36,13 @@ class Relister:
     """Lists the kernels on disk of one server's store (see the module docstring)."""
 
     def __init__(self, checkpointer: CheckpointBackend, kernel_manager: Kernels, lifecycle: KernelLifecycle,
-                 saved: SavedReplies, remote: RemoteKernels | None, log: Any) -> None:
+                 saved: SavedReplies, remote: RemoteKernels | None, ports: HeldPorts, log: Any) -> None:
         self.checkpointer = checkpointer
         self.kernel_manager = kernel_manager
         self.lifecycle = lifecycle
         self.saved = saved
         self.remote = remote
+        self.ports = ports
         self.log = log
 
     @property
@@ -102,5 +104,6 @@ class Relister:
                          suspended_at=rec.get("suspended_at") or ckpt.created, notebook_path=kernel.get("notebook_path"),
                          lost=ckpt.manifest.get("snapshot", {}).get("lost", []))
         self.lifecycle.adopt(st)
+        self.ports.hold_anew(name, ckpt)  # nobody else takes them until its restore
         self.log.info("gpucr: kernel %s is suspended on disk (%s); it restores on first use", name, ckpt.id)
         return st

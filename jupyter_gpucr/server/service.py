@@ -34,6 +34,7 @@ from .dormant import Saved
 from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .kernels import Kernels
 from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, UPLOADING, KernelLifecycle, KernelState
+from .ports import HeldPorts
 from .prefetch import Prefetcher
 from .preparation import SavedReplies
 from .relist import Relister, latest
@@ -71,7 +72,8 @@ class KernelSuspender:
         self.checkpointer: CheckpointBackend = build_checkpointer(config, self.backend, store,
                                                                   config.max_store_bytes or _half_of_disk(store))
         self.warm = WarmStarts(self)  # snapshot kernels started when a client opens them, ahead of their restore
-        self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer, self.backend),
+        self.ports = HeldPorts(self.backend.kind == "local", log)  # whole-process kernels' ports, while on disk
+        self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer, self.backend, self.ports),
                                                                        SnapshotEngine(self.checkpointer, self.warm))}
         self.saved = SavedReplies(store)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -87,7 +89,7 @@ class KernelSuspender:
             self.remote.stream_from(self.checkpointer, (OFFLOAD_DIR, portable.PORTABLE_DIR))
         self.prefetcher = Prefetcher(store, config, log)
         self.trash = Trash(config, self.checkpointer, kernel_manager, lifecycle, self.remote, log)
-        self.relister = Relister(self.checkpointer, kernel_manager, lifecycle, self.saved, self.remote, log)
+        self.relister = Relister(self.checkpointer, kernel_manager, lifecycle, self.saved, self.remote, self.ports, log)
 
     @property
     def store(self) -> Store:
@@ -349,6 +351,7 @@ class KernelSuspender:
                 if instead is not None:  # the image cannot run on this node: its saved variables can
                     ckpt, fell_back = instead
                     engine = self.engines["snapshot"]
+                    self.ports.release(kernel_id)  # a fresh kernel binds them
                     self.log.warning("gpucr: kernel %s is restored from its saved variables: %s", kernel_id, fell_back)
                 async with self.room.for_restore(kernel_id, ckpt, gpu) as target:
                     started = time.perf_counter()
@@ -423,6 +426,7 @@ class KernelSuspender:
         await self.kernel_manager.detach_kernel(kernel_id, "idle")
         await km.provisioner.kill()
         km.provisioner.mark_suspended()
+        self.ports.hold_anew(kernel_id, latest(self.store, kernel_id))
         if self.lifecycle.state_of(kernel_id) == RUNNING:  # already handed back: through suspending
             self.lifecycle.transition(kernel_id, SUSPENDING, "failed", error=e.message, hint=e.hint)
         self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=e.message, hint=e.hint)
@@ -458,6 +462,7 @@ class KernelSuspender:
         self.saved.forget(kernel_id)
         self.prefetcher.forget(kernel_id)
         self.room.forget(kernel_id)
+        self.ports.release(kernel_id)
 
     async def restore_from_trash(self, trash_id: str, replace: bool = False, sessions: bool = True) -> KernelState:
         """List a trashed kernel again, suspended, under its old id (see ``Trash.take_out`` for

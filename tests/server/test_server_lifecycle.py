@@ -179,3 +179,59 @@ async def test_cli_suspends_a_server_kernel_with_the_snapshot_engine(tmp_path):
         ws.close()
     finally:
         server.sigterm()
+
+
+BIND = """import errno, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+    s.listen()
+except OSError as e:
+    print(errno.errorcode[e.errno])
+else:
+    print("bound")
+"""
+
+
+def bind_elsewhere(port: int) -> str:
+    """What another process gets when it binds and listens on ``port``: "bound" or the errno's name."""
+    out = subprocess.run([sys.executable, "-c", BIND, str(port)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+async def test_a_suspended_kernels_ports_are_held_by_this_server_and_the_next(tmp_path):
+    """While the kernel is on disk no other process binds its ports, in the server that suspended
+    it and in the next one on the same store (the restore binds them all the same)."""
+    criu_or_skip()
+    root, store, log = tmp_path / "root", tmp_path / "store", tmp_path / "server.log"
+    root.mkdir()
+    first = RealServer(root, store, log)
+    try:
+        await first.wait_ready()
+        kid = (await first.request("api/kernels", "POST", {"name": "python3"}))["id"]
+        ports = json.loads((root / "runtime" / f"kernel-{kid}.json").read_text())
+        ports = [ports[k] for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")]
+        ws = await first.ws(kid)
+        await execute(ws, "x = 42")
+        await first.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+        assert [bind_elsewhere(p) for p in ports] == ["EADDRINUSE"] * 5
+        _, out, _ = await execute(ws, "print(x)")
+        assert out == "42\n"
+        assert (await first.get(f"api/gpucr/kernels/{kid}"))["state"] == "running"
+        ws.close()
+    finally:
+        assert first.sigterm() == 0
+
+    second = RealServer(root, store, log)
+    try:
+        await second.wait_ready()
+        await second.wait_listed(kid)
+        assert [bind_elsewhere(p) for p in ports] == ["EADDRINUSE"] * 5
+        ws = await second.ws(kid)
+        _, out, _ = await execute(ws, "print(x + 1)")
+        assert out == "43\n"
+        ws.close()
+    finally:
+        second.sigterm()
+    assert "cannot be held" not in log.read_text()
