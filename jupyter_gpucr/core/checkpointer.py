@@ -39,7 +39,7 @@ from .errors import (
     PutBackError,
     StateError,
 )
-from .files import dir_size, fsync_trees, make_private_dir, private_files
+from .files import copy_data, dir_size, fsync_trees, make_private_dir, private_files
 from .fork import fork as fork_copies
 from .fork import inherit_args
 from .images import read_image
@@ -57,6 +57,8 @@ Progress = Callable[[str, int, int], None]
 # A restore reads the whole image (CRIU restored ~2 GB/s here); the wait also ends as soon as the
 # holder exits, so a generous bound only matters for a hung CRIU.
 RESTORE_TIMEOUT = 3600.0
+#: What a restore keeps of a log that grew after a --leave-running checkpoint (see _rewind_grown_log).
+KEPT_GROWTH = 64 << 20
 # How long a checkpoint waits for the memory of a lazy restore of the same process to be all in.
 PAGES_WAIT = 300.0
 # How long a suspended process keeps CRIU's network lock: its TCP peers' packets are dropped, not
@@ -764,7 +766,9 @@ def _unix_name_still_held(line: str) -> bool:
 
 def _rewind_grown_log(line: str, proc_dir: Path) -> bool:
     """A log the process writes grew after a --leave-running checkpoint: keep the newer output
-    beside it and cut the file back to the size CRIU recorded, so the restore can proceed."""
+    beside it (what it holds past the recorded size, the newest ``KEPT_GROWTH`` bytes of it: the
+    process can have grown it to any size, with holes) and cut the file back to the size CRIU
+    recorded, so the restore can proceed."""
     m = re.search(r"File (\S+) has bad size (\d+) \(expect (\d+)\)", line)
     if not m:
         return False
@@ -772,8 +776,8 @@ def _rewind_grown_log(line: str, proc_dir: Path) -> bool:
     if path.parent != proc_dir or not path.exists():
         return False
     expect = int(m.group(3))
-    with open(path, "rb") as src, open(f"{path}.{int(time.time())}", "wb") as dst:
-        dst.write(src.read())
+    if path.stat().st_size > expect:
+        copy_data(path, Path(f"{path}.{time.time_ns()}"), expect, KEPT_GROWTH)
     os.truncate(path, expect)
     return True
 

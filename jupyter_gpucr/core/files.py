@@ -7,6 +7,7 @@ these rules, so they live here, below all of them.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -69,3 +70,51 @@ def private_files(directory: Path, *names: str) -> None:
 
 def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def copy_data(src: Path, dst: Path, start: int, limit: int) -> int:
+    """Copy what ``src`` holds from ``start`` on into a new ``dst``: its data only, holes left out,
+    at most the newest ``limit`` bytes of it, read in chunks. ``src`` may be a file its user can
+    grow (a process's log), sparse and as large as the file system allows. The bytes copied."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        ranges = _newest_data(fd, start, limit)
+        copied = 0
+        with open(dst, "xb") as out:
+            for at, end in ranges:
+                while at < end:
+                    chunk = os.pread(fd, min(_CHUNK, end - at), at)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    at += len(chunk)
+                    copied += len(chunk)
+        return copied
+    finally:
+        os.close(fd)
+
+
+_CHUNK = 1 << 20
+
+
+def _newest_data(fd: int, start: int, limit: int) -> deque[tuple[int, int]]:
+    """The ranges of ``fd`` past ``start`` that hold data, the newest ``limit`` bytes of them."""
+    size = os.fstat(fd).st_size
+    ranges: deque[tuple[int, int]] = deque()
+    total, at = 0, start
+    while at < size:
+        try:
+            data = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError:  # ENXIO: only a hole is left
+            break
+        at = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+        ranges.append((data, at))
+        total += at - data
+        while total > limit:
+            first, end = ranges.popleft()
+            if total - (end - first) < limit:
+                ranges.appendleft((end - (limit - (total - (end - first))), end))
+                total = limit
+            else:
+                total -= end - first
+    return ranges

@@ -10,18 +10,29 @@ the bytes of their stores.
   the checkpointer keeps (``dump-failed.log``), so that table, and only that one (other CRIU users of
   the host have tables of their own), is dropped once the request ends.
 - Logs. A process's stdout.log and stderr.log are in the daemon's root-owned store, where the
-  user's disk quota does not apply: a watchdog cuts a running process's log back to its newest half
-  when it passes ``log_bytes``, with a line saying so, and never while an operation holds the
-  process (CRIU checks an open file's size when it restores).
-- Store bytes. A checkpoint whose estimate would take the user's store past ``store_bytes`` is
-  refused before the process is touched.
+  user's disk quota does not apply, and the process holds them open for writing: it can grow them
+  with holes (ftruncate) or blocks past their end (fallocate) as well as by writing. A log counts
+  the blocks it holds, and a running process's log its size too. A watchdog cuts a running
+  process's log back to its newest half when it passes ``log_bytes``, with a line saying so; the
+  log of a process that does not run (suspended or ended) keeps its size, which CRIU checks when
+  it restores, and gives back its blocks but for the newest half (holes punched). Never while an
+  operation holds the process. The watchdog reads a log in bounded chunks, never whole.
+- Store bytes. The store counts the blocks its files hold (checkpoints and logs). ``run`` is
+  refused when the store, with what the logs of the user's running processes may still take,
+  leaves no room for the new process's logs. A checkpoint whose estimate would take the store past
+  ``store_bytes`` is refused before the process is touched; the estimates of a user's checkpoints
+  under way are counted together, and each dump is watched as it writes (CRIU also writes memory
+  that no estimate sees, such as unmapped memfds): one that takes the store past the quota is
+  killed, the process left running, and the request says so.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -30,18 +41,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..core import cuda, gpus
 from ..core.criu import drop_network_lock_of, drop_network_locks, dump_id, network_lock_tables
-from ..core.errors import BusyError, PreconditionError
+from ..core.errors import BusyError, GPUCRError, PreconditionError
 from ..core.locks import exclusive
 from ..core.names import validate_name
 from ..core.procs import is_alive, tree, tree_rss
-from ..core.store import Checkpoint, Store, read_record
+from ..core.store import Checkpoint, Store, name_of_id, read_record
 
 log = logging.getLogger("gpucr-daemon")
 #: How often the watchdog looks at the logs: a process may pass the cap by what it writes meanwhile.
 LOG_CHECK_EVERY = 1.0
 LOGS = ("stdout.log", "stderr.log")
+#: How often a dump's growth is measured: a dump may pass the quota by what CRIU writes meanwhile.
+DUMP_CHECK_EVERY = 0.05
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
 _RUN_ID = re.compile(r"CRIU run id = ([0-9a-f]{8}-[0-9a-f-]{27})")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -53,6 +71,10 @@ class QuotaSettings:
     store_bytes: int | None = None
     log_bytes: int | None = 64 << 20
     locks_per_user: int | None = 32
+
+
+_QUOTA_HINT = ("Delete suspended kernels or checkpoints you no longer need (and empty the trash), or ask the "
+               "administrator for a larger quota (gpucr-daemon --store-quota).")
 
 
 def parse_size(text: str, whole: Path | None = None) -> int | None:
@@ -73,6 +95,18 @@ def mib(n: int) -> str:
     return f"{n / (1 << 20):,.0f} MiB"
 
 
+@dataclass(eq=False)
+class _Dump:
+    """A checkpoint under way: what its estimate reserved, what its retention will free, what it
+    has written so far, and whether its dump was killed for the quota."""
+
+    name: str
+    need: int
+    freed: int
+    written: int = 0
+    killed: bool = False
+
+
 class Quotas:
     """The limits of one daemon over its ``state_dir/users/UID`` stores."""
 
@@ -81,46 +115,142 @@ class Quotas:
         self.settings = settings
         self.keep_last = keep_last
         self._stop = threading.Event()
+        self._dumps: dict[int, list[_Dump]] = {}
+        self._dumps_lock = threading.Lock()
 
     @contextmanager
     def around(self, op: str, uid: int, args: dict[str, Any]) -> Iterator[None]:
-        """Around one request: a checkpoint is checked against the store quota and makes room for
-        its network lock first, and the lock of a dump that failed is released after."""
+        """Around one request: ``run`` is checked against the store quota; a checkpoint is too,
+        is watched while it dumps, and makes room for its network lock first, and the lock of a
+        dump that failed is released after."""
         name = args.get("name")
+        if op == "run":
+            self.check_run(uid)
         if op != "checkpoint" or not isinstance(name, str):
             yield
             return
         store = Store(self.users / str(uid))
         validate_name(name)
-        self.check_store(store, name)
-        if not args.get("leave_running"):  # a dump that leaves the process running releases its lock itself
-            self.make_room_for_lock(uid, store)
-        since = time.time()
-        try:
-            yield
-        except BaseException:
-            self.release_failed_dump(uid, store, name, since)
-            raise
+        with self._watched(uid, store, name):
+            if not args.get("leave_running"):  # a dump that leaves the process running releases its lock itself
+                self.make_room_for_lock(uid, store)
+            since = time.time()
+            try:
+                yield
+            except BaseException:
+                self.release_failed_dump(uid, store, name, since)
+                raise
 
     # -- store bytes ----------------------------------------------------------------------
-    def check_store(self, store: Store, name: str) -> None:
+    def check_run(self, uid: int) -> None:
+        """Refuse a new process when its logs would have no room in the store."""
+        quota = self.settings.store_bytes
+        if quota is None:
+            return
+        used = self.committed(uid)
+        logs = len(LOGS) * (self.settings.log_bytes or 0)
+        if used + logs <= quota and used < quota:
+            return
+        raise PreconditionError(
+            f"Starting a process would take your checkpoints and logs past your quota of {mib(quota)} on this host: "
+            f"its logs may take {mib(logs)}, and your checkpoints and logs use or may soon use {mib(used)}.",
+            _QUOTA_HINT)
+
+    def committed(self, uid: int) -> int:
+        """The user's store bytes, with what their checkpoints under way have yet to write of their
+        estimates and what the logs of their running processes may still take."""
+        root = self.users / str(uid)
+        with self._dumps_lock:
+            pending = sum(max(0, d.need - d.written) for d in self._dumps.get(uid, []))
+        return disk_usage(root) + pending + self._log_room(root)
+
+    def _log_room(self, root: Path) -> int:
+        cap = self.settings.log_bytes
+        if cap is None:
+            return 0
+        room = 0
+        for proc_dir in root.glob("procs/*"):
+            rec = read_record(proc_dir)
+            if rec.get("state") == "running" and is_alive(rec.get("pid")):
+                room += sum(max(0, cap - _blocks(proc_dir / n)) for n in LOGS)
+        return room
+
+    @contextmanager
+    def _watched(self, uid: int, store: Store, name: str) -> Iterator[None]:
+        """Check the checkpoint of ``name`` against the quota, counting the user's other
+        checkpoints under way, and watch its dump; a dump killed for the quota is said so."""
         quota = self.settings.store_bytes
         rec = read_record(store.root / "procs" / name)
         pid = rec.get("pid")
         if quota is None or rec.get("state") != "running" or not isinstance(pid, int) or not is_alive(pid):
-            return  # the verb says why it cannot checkpoint
+            yield  # the verb says why it cannot checkpoint
+            return
+        dump = self._admit_dump(uid, store, name, pid, quota)
+        before = {p.name for p in store.checkpoints_root.glob(".tmp-*")} if store.checkpoints_root.is_dir() else set()
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch_dump, args=(uid, store, dump, before, stop, quota), daemon=True,
+                                   name=f"dump-watch-{uid}")
+        watcher.start()
+        try:
+            yield
+        except GPUCRError as e:
+            if dump.killed:
+                left = "The process was left running." if is_alive(pid) else "The process did not survive it."
+                raise PreconditionError(
+                    f"Checkpointing {name!r} was stopped: it took your checkpoints and logs past your quota of "
+                    f"{mib(quota)} on this host ({mib(dump.written)} written, about {mib(dump.need)} estimated from "
+                    f"its memory). {left}", _QUOTA_HINT) from e
+            raise
+        finally:
+            stop.set()
+            watcher.join()
+            with self._dumps_lock:
+                self._dumps[uid].remove(dump)
+                if not self._dumps[uid]:
+                    del self._dumps[uid]
+
+    def _admit_dump(self, uid: int, store: Store, name: str, pid: int, quota: int) -> _Dump:
+        """Reserve the estimate of a dump of ``name``, or refuse it (the process untouched)."""
         need = checkpoint_estimate(pid)
-        used = disk_usage(store.root)
         older = store.list_checkpoints(name)
         freed = sum(c.size for c in older[:max(0, len(older) - (self.keep_last - 1))])  # what retention deletes
-        if used - freed + need <= quota:
-            return
-        also = f", {mib(freed)} of which its older checkpoints would free" if freed else ""
-        raise PreconditionError(
-            f"Checkpointing {name!r} would take your checkpoints past your quota of {mib(quota)} on this host: it "
-            f"needs about {mib(need)}, and your checkpoints and logs use {mib(used)} now{also}. The process was left running.",
-            "Delete suspended kernels or checkpoints you no longer need (and empty the trash), or ask the "
-            "administrator for a larger quota (gpucr-daemon --store-quota).")
+        with self._dumps_lock:
+            others = self._dumps.setdefault(uid, [])
+            pending = sum(max(0, d.need - d.written) for d in others)
+            used = disk_usage(store.root)
+            if used + pending - freed + need > quota:
+                if not others:
+                    del self._dumps[uid]
+                also = f", {mib(freed)} of which its older checkpoints would free" if freed else ""
+                under_way = f", and your checkpoints under way may take {mib(pending)} more" if pending else ""
+                raise PreconditionError(
+                    f"Checkpointing {name!r} would take your checkpoints past your quota of {mib(quota)} on this host: "
+                    f"it needs about {mib(need)}, your checkpoints and logs use {mib(used)} now{also}{under_way}. "
+                    "The process was left running.", _QUOTA_HINT)
+            dump = _Dump(name, need, freed)
+            others.append(dump)
+            return dump
+
+    def _watch_dump(self, uid: int, store: Store, dump: _Dump, before: set[str], stop: threading.Event,
+                    quota: int) -> None:
+        """Measure what the dump has written; once the user's store, less what the retention of
+        their dumps under way frees, passes the quota, kill the dump's CRIU."""
+        folder: Path | None = None
+        while not stop.wait(DUMP_CHECK_EVERY):
+            if folder is None:
+                folder = next((p for p in store.checkpoints_root.glob(".tmp-*")
+                               if p.name not in before and name_of_id(p.name) == dump.name), None)
+                if folder is None:
+                    continue
+            dump.written = disk_usage(folder)
+            with self._dumps_lock:
+                freed = sum(d.freed for d in self._dumps.get(uid, []))
+            if disk_usage(store.root) - freed > quota:
+                dump.killed = True
+                log.warning("uid %d: killed the dump of %s at %s written: the store passed its quota of %s", uid,
+                            dump.name, mib(dump.written), mib(quota))
+                _kill_writers(folder)
+                return
 
     # -- network locks --------------------------------------------------------------------
     def make_room_for_lock(self, uid: int, store: Store) -> list[str]:
@@ -176,29 +306,47 @@ class Quotas:
                 log.exception("the log watchdog failed; it goes on")
 
     def cut_logs(self) -> list[Path]:
-        """Cut back every running process's log over the cap whose process no operation holds;
-        the logs cut."""
+        """Cut back every log over the cap whose process no operation holds: a running process's
+        to its newest half, another's by punching holes (its size kept for CRIU); the logs cut.
+        A log's copies kept by a restore (``stdout.log.TIME``) are cut as a running one."""
         cap = self.settings.log_bytes
         cut: list[Path] = []
         if cap is None:
             return cut
         for proc_dir in self.users.glob("*/procs/*"):
-            over = [p for p in (proc_dir / n for n in LOGS) if _bytes(p) > cap]
-            if not over:
+            logs = [p for n in LOGS for p in proc_dir.glob(f"{n}*")]
+            running = _running(proc_dir) if logs else False
+            if not any(_over(p, cap, running or p.name not in LOGS) for p in logs):
                 continue
             try:
                 with exclusive(proc_dir, proc_dir.name, "cutting its log"):
-                    rec = read_record(proc_dir)
-                    if rec.get("state") != "running" or not is_alive(rec.get("pid")):
-                        continue  # a suspended process's log must keep the size CRIU recorded
-                    for path in over:
-                        dropped = cut_log(path, cap)
-                        log.info("uid %s: cut %d bytes from the start of %s (at most %d per log)",
-                                 proc_dir.parent.parent.name, dropped, path, cap)
-                        cut.append(path)
+                    running = _running(proc_dir)  # again, under the lock
+                    for path in logs:
+                        dropped = _cut_one(path, cap, running or path.name not in LOGS)
+                        if dropped:
+                            log.info("uid %s: cut %d bytes from the start of %s (at most %d per log)",
+                                     proc_dir.parent.parent.name, dropped, path, cap)
+                            cut.append(path)
             except (BusyError, OSError):
                 continue  # an operation holds it, or it went away: next round
         return cut
+
+
+def _running(proc_dir: Path) -> bool:
+    rec = read_record(proc_dir)
+    return rec.get("state") == "running" and is_alive(rec.get("pid"))
+
+
+def _over(path: Path, cap: int, may_shrink: bool) -> bool:
+    """Whether a log passes ``cap``: by its blocks, or by its size too where it may be cut."""
+    return _blocks(path) > cap or (may_shrink and _size(path) > cap)
+
+
+def _cut_one(path: Path, cap: int, may_shrink: bool) -> int:
+    """Bring one log under ``cap``, cut or holes punched; the bytes it gave back (0: it was under)."""
+    if not _over(path, cap, may_shrink):
+        return 0
+    return cut_log(path, cap) if may_shrink else punch_log(path, cap)
 
 
 def cut_log(path: Path, cap: int) -> int:
@@ -208,7 +356,7 @@ def cut_log(path: Path, cap: int) -> int:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # not O_APPEND: pwrite would append
     try:
         size = os.fstat(fd).st_size
-        src = size - cap // 2
+        src = max(0, size - cap // 2)
         first = os.pread(fd, 4096, src).find(b"\n")
         src += first + 1 if first >= 0 else 0
         note = (f"[gpucr: {src} bytes of earlier output were cut here; gpucr-daemon keeps at most {cap} bytes "
@@ -222,10 +370,51 @@ def cut_log(path: Path, cap: int) -> int:
             os.pwrite(fd, chunk, dst)
             src += len(chunk)
             dst += len(chunk)
-        os.ftruncate(fd, dst)
+        os.ftruncate(fd, dst)  # also frees blocks allocated past the end (fallocate --keep-size)
         return size - dst + len(note)
     finally:
         os.close(fd)
+
+
+def punch_log(path: Path, cap: int) -> int:
+    """Give back the blocks of ``path`` but for its newest ``cap // 2`` bytes, keeping its size
+    (CRIU checks it when it restores the process that holds the log), behind a line saying so;
+    the bytes given back."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        before = os.fstat(fd).st_blocks * 512
+        size = os.fstat(fd).st_size
+        keep_from = max(0, size - cap // 2)
+        _punch(fd, 0, keep_from)
+        os.ftruncate(fd, size)  # the same size: frees blocks allocated past the end
+        note = (f"[gpucr: {keep_from} bytes of earlier output were cut here; gpucr-daemon keeps at most {cap} "
+                "bytes of a process's log]\n").encode()
+        if len(note) <= keep_from:
+            os.pwrite(fd, note, 0)
+        return max(0, before - os.fstat(fd).st_blocks * 512)
+    finally:
+        os.close(fd)
+
+
+
+def _punch(fd: int, start: int, end: int) -> None:
+    """Free the blocks of ``fd`` from ``start`` to ``end`` (below its size), its size kept."""
+    if end > start and _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, start, end - start) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _kill_writers(folder: Path) -> None:
+    """SIGKILL every process of this daemon that was started on ``folder`` (the dump's CRIU and its
+    wrappers), the deepest first: the checkpointer sees the dump fail and puts the process back."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with suppress(psutil.Error):
+            if any(str(folder) in arg for arg in proc.cmdline()):
+                found.append(proc)
+    for proc in reversed(found):
+        with suppress(psutil.Error):
+            proc.send_signal(signal.SIGKILL)
 
 
 def checkpoint_estimate(pid: int) -> int:
@@ -245,14 +434,19 @@ def disk_usage(root: Path) -> int:
     return total
 
 
-def _bytes(path: Path) -> int:
-    """What a log takes: its size, or the blocks it holds where the writer left holes (a process
-    can clear O_APPEND on its output and write past the cut)."""
+def _blocks(path: Path) -> int:
+    """The bytes a file holds on disk, holes left out and blocks allocated past its end counted."""
     try:
-        st = os.stat(path, follow_symlinks=False)
+        return os.stat(path, follow_symlinks=False).st_blocks * 512
     except OSError:
         return 0
-    return min(st.st_size, st.st_blocks * 512)
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path, follow_symlinks=False).st_size
+    except OSError:
+        return 0
 
 
 def _holds_lock(ckpt: Checkpoint, tables: list[str]) -> bool:

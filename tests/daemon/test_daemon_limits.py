@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from jupyter_gpucr.core.criu import drop_network_locks, dump_id, network_lock_tables
+from jupyter_gpucr.daemon.quotas import disk_usage
 from tests import hub as H
 from tests.conftest import criu_or_skip
 
@@ -544,3 +545,111 @@ print(json.dumps(answers))
     grown = daemon.log.read_bytes()[before:]
     assert b"Traceback" not in grown and b"RecursionError" not in grown, grown[-2000:]
     assert len(grown) < 2048, grown.decode(errors="replace")
+
+
+def blocks(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_logs_grown_by_fallocate_are_cut_after_the_process_ends(daemon: H.Daemon) -> None:
+    """A process run through the daemon allocates 1 GiB in its stdout.log (size and blocks) and
+    1 GiB past the end of its stderr.log (blocks only), then exits at once: within seconds both
+    hold no more than the cap."""
+    run_as(ATTACKER, daemon, "fat", """import ctypes, os, time
+print('ready', flush=True)
+time.sleep(2)
+os.posix_fallocate(1, 0, 1 << 30)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+assert libc.fallocate(2, 1, 0, 1 << 30) == 0  # FALLOC_FL_KEEP_SIZE
+""")
+    proc_dir = daemon.user_store(uid(ATTACKER)) / "procs" / "fat"
+    H.wait_until("the logs to grow", lambda: blocks(proc_dir / "stdout.log") > 512 << 20, 30, 0.05)
+    started = time.monotonic()
+    H.wait_until("the logs to be cut", lambda: all(blocks(proc_dir / n) <= LOG_QUOTA for n in ("stdout.log", "stderr.log")),
+                 10, 0.05)
+    print(f"logs cut {time.monotonic() - started:.2f} s after they grew")
+    victim_served(daemon)
+    call_as(ATTACKER, daemon, "remove", target="fat")
+
+
+def test_run_is_refused_past_the_store_quota(daemon: H.Daemon) -> None:
+    """With the attacker's store at its quota, ``run`` is refused with the quota and what to do."""
+    filler = daemon.user_store(uid(ATTACKER)) / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, STORE_QUOTA)
+        home = pwd.getpwnam(ATTACKER).pw_dir
+        out = call_as(ATTACKER, daemon, "run", name="one-more", command=["true"], cwd=home, env={"PATH": H.CLEAN_PATH})
+    finally:
+        os.close(fd)
+        filler.unlink()
+    assert out.get("error") == "PreconditionError", out
+    assert "past your quota of 512 MiB" in out["message"] and "--store-quota" in out["hint"], out
+    victim_served(daemon)
+
+
+@pytest.mark.parametrize("size,expect", [(1 << 30, 2 << 30), (2 << 30, 1 << 20)], ids=["shrunk", "grown"])
+def test_a_log_rewound_before_a_restore_is_not_read_whole(tmp_path: Path, size: int, expect: int) -> None:
+    """A restore that finds a process's log at another size than CRIU recorded cuts it back to
+    that size, keeping the output past it beside: with a 1 or 2 GiB log of holes (a process can
+    ftruncate its own log), the restoring process stays small and so does what it keeps."""
+    log = tmp_path / "stdout.log"
+    with open(log, "wb") as f:
+        f.write(b"older\n")
+        f.truncate(size)
+        f.seek(size - 6)
+        f.write(b"newer\n")
+    out = subprocess.run([sys.executable, "-c", f"""
+import json, resource
+from pathlib import Path
+from jupyter_gpucr.core.checkpointer import _rewind_grown_log
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert _rewind_grown_log("File {str(log).lstrip('/')} has bad size {size} (expect {expect})", Path({str(tmp_path)!r}))
+print(json.dumps({{"grown_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}}))
+"""], capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(H.REPO)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["grown_kib"] < 64 << 10, out.stdout
+    assert log.stat().st_size == expect and blocks(log) < 1 << 20
+    kept = list(tmp_path.glob("stdout.log.*"))
+    assert sum(blocks(p) for p in kept) < 1 << 20, [(p, blocks(p)) for p in kept]
+    if size > expect:
+        assert kept and kept[0].read_bytes().endswith(b"newer\n")
+
+
+def test_checkpoints_at_once_are_counted_as_they_are_written(daemon: H.Daemon) -> None:
+    """Three processes of 10 MiB resident memory, each holding a 250 MiB memfd that no estimate
+    sees, checkpointed at once under a 512 MiB quota: the dumps that would pass it are stopped
+    with the quota in the message, their processes left running; the store stays under the quota."""
+    store = daemon.user_store(uid(ATTACKER))
+    names = [f"memfd{i}" for i in range(3)]
+    pids = {name: run_as(ATTACKER, daemon, name, """import os, time
+fd = os.memfd_create('hidden')
+for _ in range(250):
+    os.write(fd, os.urandom(1 << 20))
+print('ready', flush=True)
+time.sleep(600)
+""") for name in names}
+    results: dict[str, dict] = {}
+
+    def checkpoint(name: str) -> None:
+        results[name] = call_as(ATTACKER, daemon, "checkpoint", name=name)
+
+    threads = [threading.Thread(target=checkpoint, args=(name,)) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        used = disk_usage(store)
+        refused = {n: r for n, r in results.items() if "error" in r}
+        assert refused, results
+        for name, out in refused.items():
+            assert out["error"] == "PreconditionError", out
+            assert "past your quota of 512 MiB" in out["message"] and "The process was left running." in out["message"], out
+            assert alive(pids[name]) and psutil.Process(pids[name]).status() != psutil.STATUS_STOPPED
+        assert used <= STORE_QUOTA, f"the store holds {used >> 20} MiB"
+    finally:
+        for name in names:
+            call_as(ATTACKER, daemon, "remove", target=name, kill=True)
+    victim_served(daemon)
