@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import psutil
+
 from ..core import pagecache
 from ..core.backend import CheckpointBackend
 from ..core.checksums import digest_tree
@@ -41,6 +43,8 @@ Detach = Callable[[], Coroutine[Any, Any, None]]
 
 #: The folder where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
 OFFLOAD_DIR = "gpu-tensors"
+#: How long a snapshot suspend waits for the stopped kernel's process to be gone (it was killed by then).
+EXIT_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -212,7 +216,9 @@ class SnapshotEngine(SuspendEngine):
         progress("dumping", 0, 0)
         ckpt = await self._save(km, kernel_id, {**extra, "reason": reason})  # the kernel still runs if this fails
         await detach()
-        await km.stop_process()
+        old = _processes_of(km)
+        await km.stop_process()  # jupyter_client's waits are bounded: it may return before the process is gone
+        await _until_gone(old, ckpt)
         if isinstance(km.provisioner, GPUCRProvisioner):
             km.provisioner.mark_suspended()
         self.checkpointer.store.write_proc(kernel_id, {
@@ -280,6 +286,48 @@ class SnapshotEngine(SuspendEngine):
         timings = {"verify": t1 - t0, "kernel_start": t2 - t1, "load": t3 - t2, "total": t3 - t0, "warm_start": warm,
                    **{f"in_kernel_{k}": v for k, v in report.get("timings", {}).items()}}
         return Resumed(timings, report.get("lost", []), report.get("warnings", []))
+
+
+def _processes_of(km: Any) -> list[psutil.Process]:
+    """The kernel's process and the one launched for it (the gpucr provisioner's namespace, which
+    ends only once every process in it is gone), while they run."""
+    found = []
+    for pid in {getattr(km.provisioner, "pid", None), getattr(km.provisioner, "kernel_pid", None)} - {None}:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _exists(p: psutil.Process) -> bool:
+    """Whether ``p`` (not a later process under its PID) has not exited yet; a zombie has, and
+    holds no memory, file or GPU any more."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+async def _until_gone(procs: list[psutil.Process], ckpt: Checkpoint, timeout: float = EXIT_TIMEOUT_S) -> None:
+    """Until the stopped kernel's processes are gone: until then they may hold memory or a GPU,
+    and a process started for the kernel (a restore, a warm start) would be a second one."""
+    deadline = time.monotonic() + timeout
+    while left := [p for p in procs if _exists(p)]:
+        if time.monotonic() >= deadline:
+            states = ", ".join(f"PID {p.pid} {_status(p)}" for p in left)
+            raise EngineError(f"The kernel's process did not exit within {timeout:.0f} s of being stopped ({states}); "
+                              "it may still hold memory or a GPU.",
+                              f"Its variables are saved (checkpoint {ckpt.id}); find out what keeps the process "
+                              "(ps -o stat,wchan -p PID), then suspend it again or restart the kernel.")
+        await asyncio.sleep(0.05)
+
+
+def _status(p: psutil.Process) -> str:
+    try:
+        return str(p.status())
+    except psutil.Error:
+        return "gone"
 
 
 def choose_engine(engines: dict[str, SuspendEngine], km: Any, requested: str) -> tuple[SuspendEngine, str]:

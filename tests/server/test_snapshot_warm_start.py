@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -35,13 +36,16 @@ def jp_server_config(tmp_path, request):
 
 def kernel_processes(kernel_id: str) -> list[psutil.Process]:
     """The kernel's ipykernel processes, found by the connection file on their command line (the
-    gpucr provisioner's holder has it on its own after a ``--``)."""
+    gpucr provisioner's holder has it on its own after a ``--``). A child of one is not another:
+    until it execs, a child the kernel starts shows the kernel's command line (an ipykernel starting
+    runs ``uname -p`` through vfork, the kernel in disk-sleep meanwhile)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "ppid"]):
         cmd = p.info["cmdline"] or []
         if cmd[1:3] == ["-m", "ipykernel_launcher"] and any(part.endswith(f"kernel-{kernel_id}.json") for part in cmd):
             found.append(p)
-    return found
+    pids = {p.pid for p in found}
+    return [p for p in found if p.info["ppid"] not in pids]
 
 
 def imported_numpy(p: psutil.Process) -> bool:
@@ -242,3 +246,51 @@ async def test_a_warm_kernel_counts_in_the_host_budget_and_gives_way_before_any_
     assert out == CHECKED
     ws_a.close()
     ws_b.close()
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+# At exit the kernel puts itself into a cgroup v1 freezer and freezes it: a process that does not
+# go away, not even on SIGKILL, until the test thaws it (as one stuck in disk-sleep).
+FREEZE_AT_EXIT = """import atexit
+def _freeze(cgroup={cgroup!r}):
+    with open(cgroup + "/cgroup.procs", "w") as f:
+        f.write("0")
+    with open(cgroup + "/freezer.state", "w") as f:
+        f.write("FROZEN")
+atexit.register(_freeze)"""
+
+
+async def test_a_suspend_is_done_only_once_the_old_process_is_gone(jp_fetch, jp_ws_fetch, jp_serverapp, tmp_path):
+    """The kernel's process outlives its stop (and the kill after it) for longer than jupyter_client
+    waits for it: the suspend is reported only once it is gone, and no process is started for the
+    kernel meanwhile."""
+    if not FREEZER.is_dir():
+        pytest.skip("needs the cgroup v1 freezer (a frozen process outlives SIGKILL there)")
+    cgroup = FREEZER / f"gpucr-test-{uuid.uuid4().hex[:8]}"
+    cgroup.mkdir()
+    try:
+        kid = (await new_session(jp_fetch, "slow-exit.ipynb"))["kernel"]["id"]
+        ws = await open_ws(jp_ws_fetch, kid)
+        await execute(ws, f"{STATE}\n{FREEZE_AT_EXIT.format(cgroup=str(cgroup))}")
+        [old] = kernel_processes(kid)
+        suspend = asyncio.ensure_future(jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}",
+                                                 request_timeout=120))
+        deadline = time.monotonic() + 60
+        while (cgroup / "freezer.state").read_text().strip() != "FROZEN":  # the kernel is exiting, frozen
+            assert time.monotonic() < deadline and not suspend.done(), "the kernel never froze at its exit"
+            await asyncio.sleep(0.1)
+        ws.close()
+        opened = await open_ws(jp_ws_fetch, kid, "opened")  # a warm start must wait for the old process
+        await asyncio.wait({suspend}, timeout=25)  # jupyter_client gives up on it after about 15 s
+        done_while_frozen = suspend.done()
+        assert not gone(old.pid) and [p.pid for p in kernel_processes(kid)] == [old.pid]
+    finally:
+        (cgroup / "freezer.state").write_text("THAWED")  # the kill pending on it ends it
+    assert not done_while_frozen, "the suspend was reported done while the kernel's process still existed"
+    st = json.loads((await suspend).body)
+    assert st["state"] == "suspended" and gone(old.pid)
+    _, out, _ = await execute(opened, CHECK)
+    assert out == CHECKED
+    opened.close()
+    await until_gone(old)
+    cgroup.rmdir()
