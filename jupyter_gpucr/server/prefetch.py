@@ -43,5 +43,5 @@ class Prefetcher:
     async def _read(self, kernel_id: str, ckpt: Checkpoint) -> None:
         t0 = time.perf_counter()
         done = await asyncio.to_thread(pagecache.prefetch, [ckpt.path, self.store.proc_dir(kernel_id) / OFFLOAD_DIR])
-        self.log.info("gpucr: read %d MiB of the checkpoint of kernel %s into the page cache in %.2f s (a client "
+        self.log.debug("gpucr: read %d MiB of the checkpoint of kernel %s into the page cache in %.2f s (a client "
                       "opened it)", done >> 20, kernel_id, time.perf_counter() - t0)

@@ -228,7 +228,7 @@ class KernelSuspender:
             self.log.warning("gpucr: suspending kernel %s failed: %s %s", kernel_id, err.message, err.hint)
             self.lifecycle.transition(kernel_id, RUNNING, "failed", error=err.message, hint=err.hint)
             raise err from (None if err is e else e)
-        self.log.info("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
+        self.log.debug("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
                       ckpt.size >> 20, st.timings.get("total", 0))
         if self.remote:
             self.remote.upload_later(kernel_id, ckpt)
@@ -396,7 +396,7 @@ class KernelSuspender:
                 kernel_id, RUNNING, "done", restored_at=now, suspended_for=now - suspended_at, lost=resumed.lost,
                 warnings=resumed.warnings, timings=timings, gpu=gpu_now, kind="gpu" if gpu_now else ckpt.kind,
                 engine=engine.name, engine_reason=ckpt.manifest.get("engine_reason"))
-            self.log.info("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
+            self.log.debug("gpucr: restored kernel %s in %.2f s", kernel_id, resumed.timings.get("total", 0))
             if not settled.done():
                 self._in_background(self._until_settled(kernel_id, settled))
             return st

@@ -116,7 +116,7 @@ class WarmStarts:
         await asyncio.shield(launch)
         report: dict[str, Any] = await kernel_rpc.with_client(km, kernel_rpc.prepare_load, ckpt.path / SNAPSHOT_PAYLOAD,
                                                               device=device, gpu=gpu, timeout=PREPARE_TIMEOUT_S)
-        self.log.info("gpucr: kernel %s was started ahead of its restore in %.2f s (a client opened it); it imported %s%s",
+        self.log.debug("gpucr: kernel %s was started ahead of its restore in %.2f s (a client opened it); it imported %s%s",
                       kernel_id, time.perf_counter() - t0, ", ".join(report["imported"]) or "nothing",
                       f" and readied {', '.join(report['gpus'])}" if report.get("gpus") else "")
         for failed in report["failed"]:
@@ -187,7 +187,7 @@ class WarmStarts:
         if self._warm.get(kernel_id) is not warm:
             return
         del self._warm[kernel_id]
-        self.log.info("gpucr: kernel %s was not restored within %.0f s of being opened: its process started ahead of "
+        self.log.debug("gpucr: kernel %s was not restored within %.0f s of being opened: its process started ahead of "
                       "the restore is stopped", kernel_id, self.options.warm_start_timeout_s)
         self._stop_later(kernel_id, warm)
 
@@ -222,4 +222,4 @@ class WarmStarts:
                              kernel_id, e)
         if warm.record is not None:
             self.suspender.store.write_proc(kernel_id, warm.record)
-        self.log.info("gpucr: kernel %s: its process started ahead of its restore is stopped", kernel_id)
+        self.log.debug("gpucr: kernel %s: its process started ahead of its restore is stopped", kernel_id)

@@ -235,3 +235,36 @@ async def test_a_suspended_kernels_ports_are_held_by_this_server_and_the_next(tm
     finally:
         second.sigterm()
     assert "cannot be held" not in log.read_text()
+
+
+async def test_routine_suspends_and_restores_log_next_to_nothing_and_failures_say_why(tmp_path):
+    """An agent framework that pipes the server's stderr and never reads it (ag2's LocalJupyterServer)
+    froze once the 64 KiB pipe filled: a suspend and a restore add almost nothing at the default
+    level, while a failed restore still says why."""
+    criu_or_skip()
+    root, store, log = tmp_path / "root", tmp_path / "store", tmp_path / "server.log"
+    root.mkdir()
+    server = RealServer(root, store, log)
+    try:
+        await server.wait_ready()
+        kid = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
+        ws = await server.ws(kid)
+        await execute(ws, "x = 42")
+        for _ in range(2):  # the first round's one-time lines (CRIU found, the store made) aside
+            before = log.stat().st_size
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            _, out, _ = await execute(ws, "print(x)")  # restored by the cell, as an agent's next step does
+            assert out == "42\n"
+            logged = log.read_bytes()[before:]
+        assert len(logged) < 200, logged.decode(errors="replace")
+        ws.close()
+
+        await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+        images = max((store / "checkpoints").glob(f"{kid}*/images"), key=lambda p: p.stat().st_mtime)
+        with open(next(images.glob("pages-*.img")), "r+b") as f:  # damaged: its checksum no longer matches
+            f.write(b"\xff" * 64)
+        with pytest.raises(HTTPClientError):
+            await server.request(f"api/gpucr/kernels/{kid}/resume", "POST", {})
+        assert f"restoring kernel {kid} failed" in log.read_text()
+    finally:
+        server.sigterm()
