@@ -113,19 +113,23 @@ def hold(pid: int, fd: int, w: WakeOn) -> socket.socket:
     return s
 
 
-def bind_anew(w: WakeOn) -> socket.socket:
-    """A listening socket on ``w`` for a waker that starts while its process is checkpointed (it was
-    restarted): the process's own socket is gone with the waker that held it."""
+def bind_anew(w: WakeOn, listen: bool = True) -> socket.socket:
+    """A socket bound to ``w`` for a waker that starts while its process is checkpointed (it was
+    restarted): the process's own socket is gone with the waker that held it. ``listen=False`` only
+    reserves the address: connections go to the restored process's socket alone, never into a queue
+    nobody accepts from (another server on the same store may hold the same port)."""
     if w.kind == "unix":
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         Path(w.path).unlink(missing_ok=True)
         s.bind(w.path)
     else:
         s = socket.socket(socket.AF_INET6 if ":" in w.host else socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if listen:  # a bound socket with SO_REUSEADDR reserves nothing from another SO_REUSEADDR bind
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind((w.host, w.port))
-    s.listen(128)
+    if listen:
+        s.listen(128)
     return s
 
 

@@ -9,7 +9,9 @@ open, bound and listening in the server; nobody else can bind the port (only a s
 owner that asks for ``SO_REUSEPORT`` could, as CRIU's restore does, beside it). Once the restore
 has bound the kernel's own sockets, the server's close. The manifest names the ports held, so a
 server started later on the same store binds them anew while it lists the kernel (``bind_anew``,
-``SO_REUSEPORT`` too, the same owner: root) and holds them until the restore.
+``SO_REUSEPORT`` too, the same owner: root) and holds them until the restore: bound, not listening,
+so that when several servers share the store and one of them restores the kernel, the others'
+sockets take none of its connections.
 
 Only where the server runs CRIU itself: through the gpucr daemon, CRIU restores as root beside
 the user's sockets, which the kernel refuses (``daemon/heldports.py`` lends a waker's).
@@ -59,7 +61,7 @@ class HeldPorts:
         held = []
         for address in ckpt.manifest.get(MANIFEST_KEY) or []:
             try:
-                held.append(bind_anew(WakeOn.parse(address)))
+                held.append(bind_anew(WakeOn.parse(address), listen=False))
             except OSError as e:
                 self.log.warning("gpucr: port %s of kernel %s on disk cannot be held: %s", address, kernel_id, e)
         self._keep(kernel_id, held)
