@@ -76,10 +76,12 @@ def _no_progress(phase: str, done: int, total: int) -> None:
 class RestoreCheck(Protocol):
     """Checks around every restore for someone CRIU's root must not trust (the daemon's users).
     ``approve`` reads the images before CRIU starts and refuses by raising; what it returns are
-    options for ``criu restore`` that make CRIU check the tree it restored, before the tree gets
-    its credentials, and end it if that fails; ``refused`` then says why."""
+    options for ``criu restore``; ``handed``: files of the image that the holder opens itself and
+    hands to CRIU (image path -> path to open); ``refused`` says why a failed restore was refused."""
 
     def approve(self, images: Path, workdir: Path) -> list[str]: ...
+
+    def handed(self, images: Path, proc_dir: Path) -> dict[str, str]: ...
 
     def refused(self, workdir: Path) -> GPUCRError | None: ...
 
@@ -439,7 +441,8 @@ class Checkpointer:
                         run_while_filled: bool = True, files: Mapping[str, str] | None = None) -> Running:
         t0 = time.perf_counter()
         self.check_compatible(ckpt)
-        openfiles.prepare(ckpt, node_id(self.store))  # made on another node: its scratch files back, the others checked
+        if self.open_files is not None:  # made on another node: its scratch files back, the others checked
+            openfiles.prepare(ckpt, node_id(self.store))  # (one that keeps none, the daemon's, puts none back)
         gpu_info = ckpt.manifest.get("gpu", {})
         used = gpu_info.get("used", [])
         needs = [{**u, "memory_used": u["memory_used"] + beside.get(u["uuid"], 0)} for u in used]
@@ -571,7 +574,8 @@ class Checkpointer:
                    f"--pages={d / PAGES}"] if lazy or fill else [])
         check = self.restore_check
         checked = check.approve(images, workdir) if check is not None else []
-        inherit, keep = inherit_args(images, dict(files or {}), FIRST_INHERITED_FD)
+        handed = {**(check.handed(images, d) if check is not None else {}), **(files or {})}
+        inherit, keep = inherit_args(images, handed, FIRST_INHERITED_FD)
         routes = netns.routes_of(cast(dict[str, Any], self.store.read_proc(name)))
         addresses = netns.connected_addresses(read_image(images)) if routes is not None else []
         (d / PAGES).unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .errors import EngineError, PreconditionError
 from .files import private_files
-from .identity import CRIU_RECORD, criu_at_work, spawn_recorded
+from .identity import CRIU_RECORD, ProcId, criu_at_work, spawn_recorded, start_time
 from .jsonfile import write_json_atomic
 from .pagefill import FillError, read_varint, varint_fields
 from .procs import in_own_pidns, innermost_pid
@@ -160,12 +160,12 @@ def at_work_in(dirs: list[Path]) -> list[int]:
     return [proc.pid for proc in map(criu_at_work, dirs) if proc is not None]
 
 
-def _run_recorded(argv: list[str], workdir: Path) -> tuple[int, str]:
+def _run_recorded(argv: list[str], workdir: Path, pass_fds: tuple[int, ...] = ()) -> tuple[int, str]:
     """Run CRIU, its PID and start time recorded in ``workdir`` (see :func:`at_work_in`) before it
     may start and until it ends; its exit code and stderr."""
     record = workdir / CRIU_RECORD
     proc, _ = spawn_recorded(argv, lambda me: write_json_atomic(record, me.to_dict(), durable=False), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, pass_fds=pass_fds)
     try:
         _out, err = proc.communicate()
     except BaseException:
@@ -174,6 +174,27 @@ def _run_recorded(argv: list[str], workdir: Path) -> tuple[int, str]:
         raise
     record.unlink(missing_ok=True)
     return proc.returncode, err
+
+
+#: nsenter's option for a namespace file of /proc/PID/ns.
+NSENTER_FLAG = {"pid": "pid", "pid_for_children": "pid", "mnt": "mount", "net": "net"}
+
+
+def _pinned_namespaces(holder: ProcId, kinds: list[str]) -> list[int]:
+    """Descriptors of ``holder``'s namespaces of ``kinds``, opened while it provably still ran (its
+    start time checked after the opening), so that no later process under its PID is entered."""
+    fds: list[int] = []
+    try:
+        for kind in kinds:
+            fds.append(os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
+        if not holder.alive():
+            raise ProcessLookupError(holder.pid)
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise EngineError(f"Process {holder.pid}, whose namespaces CRIU works in, ended before the dump.",
+                          "The process was left as it was; try again.") from None
+    return fds
 
 
 def _own_netns(pid: int) -> bool:
@@ -209,6 +230,13 @@ class Criu:
         #: tree, raising to refuse the dump (with the tree as it found it), and returns what puts
         #: the tree back as it was, called after a failed dump or one that leaves it running.
         self.before_seize: Callable[[int], Callable[[], None]] | None = None
+        #: The process whose namespaces a dump of a tree in a PID namespace of its own enters (its
+        #: holder, as recorded when it was started); None: the tree's root's own. The daemon sets it:
+        #: the tree's processes are the user's, and may have made mount namespaces of their own.
+        self.enter_namespaces_of: ProcId | None = None
+        #: Options of the daemon's criu (``daemon/criu_as_owner``) put before every dump's and
+        #: restore's own: whose credentials CRIU runs with.
+        self.owner_args: list[str] = []
         self.version = self._version()
         if self.version < MIN_VERSION:
             raise PreconditionError(
@@ -247,26 +275,35 @@ class Criu:
         CRIU's PID and start time are recorded in ``workdir`` before it may start, so that whoever
         finds the directory after this process died knows whether that CRIU still works.
         """
-        argv = [self.path, "dump", "-D", str(images), "-W", str(workdir), "-o", "dump.log", *COMMON_OPTS, *DUMP_OPTS]
+        argv = [self.path, "dump", *self.owner_args, "-D", str(images), "-W", str(workdir), "-o", "dump.log",
+                *COMMON_OPTS, *DUMP_OPTS]
         if leave_running:
             argv.append("--leave-running")
         elif leave_stopped:
             argv.append("--leave-stopped")
-        if in_own_pidns(pid):
-            # a fork's network namespace too (see relay.py): CRIU would otherwise try to dump it
-            net = ["-n"] if _own_netns(pid) else []
-            argv = ["nsenter", "-t", str(pid), "-p", "-m", *net, "--", *argv, "-t", str(innermost_pid(pid))]
-        else:
-            argv += ["-t", str(pid)]
         thaw = self.before_seize(pid) if self.before_seize is not None else None
+        namespaces: list[int] = []
         try:
+            if in_own_pidns(pid):
+                # a fork's network namespace too (see relay.py): CRIU would otherwise try to dump it
+                # the holder (unshare) is outside the PID namespace it made: its children's is the tree's
+                holder = self.enter_namespaces_of
+                kinds = ["pid_for_children" if holder else "pid", "mnt", *(["net"] if _own_netns(pid) else [])]
+                namespaces = _pinned_namespaces(holder or ProcId(pid, start_time(pid) or 0), kinds)
+                entered = [f"--{NSENTER_FLAG[k]}=/proc/self/fd/{fd}" for k, fd in zip(kinds, namespaces, strict=True)]
+                argv = ["nsenter", *entered, "--", *argv, "-t", str(innermost_pid(pid))]
+            else:
+                argv += ["-t", str(pid)]
             start = time.perf_counter()
-            returncode, stderr = _run_recorded(argv, workdir)
+            returncode, stderr = _run_recorded(argv, workdir, tuple(namespaces))
             elapsed = time.perf_counter() - start
         except BaseException:
             if thaw is not None:
                 thaw()
             raise
+        finally:
+            for fd in namespaces:
+                os.close(fd)
         if thaw is not None and (returncode != 0 or leave_running):
             thaw()
         if returncode != 0:
@@ -288,7 +325,7 @@ class Criu:
         ``leave_stopped`` keeps every restored task stopped until the caller sends SIGCONT;
         ``lazy`` leaves the memory to the daemon of :meth:`lazy_pages_argv`."""
         return [
-            self.path, "restore", "-D", str(images), "-W", str(workdir), "-o", "restore.log",
+            self.path, "restore", *self.owner_args, "-D", str(images), "-W", str(workdir), "-o", "restore.log",
             *COMMON_OPTS, "--restore-detached", "--pidfile", str(pidfile), *(["--leave-stopped"] if leave_stopped else []),
             *(["--lazy-pages"] if lazy else []),
         ]

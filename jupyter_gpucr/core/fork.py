@@ -248,7 +248,9 @@ def inherit_args(images: Path, files: dict[str, str], first_fd: int) -> tuple[li
     for i, (orig, copy) in enumerate(files.items()):
         flags, pos = opened.get(orig, (os.O_RDWR, 0))
         fd = first_fd + i
-        criu.append(f"--inherit-fd=fd[{fd}]:{orig.lstrip('/')}")
+        # CRIU's name for it drops the first character: a path's '/', an external file's 'f'
+        # ("file[MNT:INODE]"), whose descriptor CRIU would otherwise reopen by its /proc link
+        criu.append(f"--inherit-fd=fd[{fd}]:{orig[1:]}")
         holder.append(f"--inherit-file={fd}:{flags & (os.O_ACCMODE | os.O_APPEND)}:{pos}:{copy}")
     return criu, holder
 

@@ -70,6 +70,8 @@ class ProcRecord(TypedDict, total=False):
     user: str
     adopted: bool  # a process gpucr did not start ('gpucr checkpoint PID')
     via: str  # "daemon": started through the gpucr daemon
+    groups: list[int]  # the supplementary groups the daemon started it with
+    cgroup: str | None  # the cgroup (v2) folder it belongs in, the caller's when the daemon started it
     engine: str | None  # "snapshot": suspended by the server's snapshot engine
     suspended_at: float
     restored_at: float

@@ -93,13 +93,38 @@ def _wrong_credentials(status: dict[str, list[str]], owner: Owner) -> list[str]:
     return wrong
 
 
-def freeze_checked(root: ProcId, owner: Owner, name: str) -> Callable[[], None]:
-    """Stop the tree rooted at ``root`` (see the module docstring), check its credentials, and
-    return what continues it; a failed check continues it and raises."""
+def check_namespaces(pid: int, holder: ProcId, name: str) -> None:
+    """Every process of the tree rooted at ``pid`` is in the host's user namespace and in the mount
+    namespace its holder was given (the daemon made it, as root): a process that made namespaces of
+    its own (``unshare``) could show CRIU, or anything root runs for it, mounts of its choosing."""
+    expected = {("user", "user"): _ns("self", "user"), ("mnt", "mount"): _ns(holder.pid, "mnt")}
+    if not holder.alive():
+        raise StateError(f"The namespace of {name!r} ended before it could be checkpointed.")
+    for p in tree(pid):
+        made = [said for (ns, said), inode in expected.items() if _ns(p, ns) not in (inode, None)]
+        if made:
+            raise AccessRefusedError(
+                f"Process {p} of {name!r} runs in a {' and a '.join(made)} namespace of its own. The gpucr daemon "
+                "checkpoints only processes in the namespaces it made for them; it did not checkpoint it. The "
+                "process was left running.",
+                "Let the process that made them end (or run it without unshare), then suspend again.")
+
+
+def _ns(pid: int | str, kind: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+    except OSError:
+        return None
+
+
+def freeze_checked(root: ProcId, owner: Owner, name: str, holder: ProcId) -> Callable[[], None]:
+    """Stop the tree rooted at ``root`` (see the module docstring), check its credentials and
+    namespaces, and return what continues it; a failed check continues it and raises."""
     frozen = _Frozen(root)
     try:
         frozen.stop()
         check_credentials(root.pid, owner, name)
+        check_namespaces(root.pid, holder, name)
     except BaseException:
         frozen.thaw()
         raise

@@ -38,9 +38,9 @@ from ..core.launcher import HolderRecord, clean_env
 from ..core.names import validate_name
 from ..core.procs import is_alive, tree, wait_gone
 from ..core.store import ProcRecord, Store, write_json_atomic
-from .caller import caller_of, cgroup_of, move_tree
-from .guard import Owner, RestoreGuard, deleted_files
-from .heldports import give_to_owner, lent_to_root, listening_ports
+from .caller import caller_of, cgroup_of
+from .criu_as_owner import CGROUP_FLAG, OWNER_FLAG
+from .guard import Owner, RestoreGuard, deleted_files, external_files
 from .listener import Connection, Credentials, Limits, Listener
 from .ownership import check_credentials, freeze_checked, launched
 from .protocol import DEFAULT_SOCKET, DEFAULT_STATE, PROTOCOL_VERSION, VERBS, ProtocolError, error_from, printable
@@ -143,7 +143,8 @@ class Daemon:
         except BaseException:
             env_file.unlink(missing_ok=True)  # on success dropexec deletes it once read
             raise
-        running.record.update({"command": command, "cwd": cwd, "uid": peer.uid, "user": peer.user, "via": "daemon"})
+        running.record.update({"command": command, "cwd": cwd, "uid": peer.uid, "user": peer.user, "via": "daemon",
+                               "groups": list(caller.groups), "cgroup": caller.cgroup})
         cr.store.write_proc(name, running.record)
         _await_dropped(running.pid, peer.uid)
         return self._adopt(peer, running)
@@ -165,7 +166,10 @@ class Daemon:
             _refuse_deleted_files(name, cast(int, rec["pid"]))
             # checked again once frozen: in between, a task could have run a set-user-ID program
             cr.criu.before_seize = functools.partial(_frozen_for_dump, holder, Owner.of(peer.uid), name)
-        extra = {**(extra if isinstance(extra, dict) else {}), "owner": {"uid": peer.uid, "user": peer.user}}
+            cr.criu.enter_namespaces_of = holder.holder  # never the namespaces the user's processes made
+            cr.criu.owner_args = [*_owner_args(peer, rec), *(f"--external={f}" for f in
+                                                              external_files(cast(int, rec["pid"]), cr.store.proc_dir(name)))]
+        extra = {**_client_extra(extra), "owner": {"uid": peer.uid, "user": peer.user}}
         ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress,
                              before_dump if ask_before_dump is True else None)
         return {"id": ckpt.id, "manifest": ckpt.manifest, "kept": cr.store.checkpoint_ids(name), "record": cr.store.read_proc(name)}
@@ -183,15 +187,14 @@ class Daemon:
         if not (isinstance(beside, dict) and all(isinstance(k, str) and isinstance(v, int) and v >= 0
                                                  for k, v in beside.items())):
             raise ProtocolError("gpu_bytes_beside must map GPU UUIDs to byte counts.")
-        ports = listening_ports(ckpt.images)
-        with lent_to_root(peer.pid, peer.uid, ports):  # a waker's held ports: see heldports
-            running = cr.restore(name, gpu, ckpt.id, progress, True, beside)
+        rec = cr.store.read_proc(name)
+        cr.criu.owner_args = [*_owner_args(peer, rec), *([f"{CGROUP_FLAG}{rec['cgroup']}"] if rec.get("cgroup") else [])]
+        running = cr.restore(name, gpu, ckpt.id, progress, True, beside)
         try:
             _check_owner(cr.store.procs_root / name, running.record, peer)
         except GPUCRError:
             _kill_tree(running.pid)
             raise
-        give_to_owner(running.pid, peer.uid, ports)
         return {**self._adopt(peer, running), "timings": running.timings}
 
     def op_recover(self, peer: Peer, name: str) -> dict[str, Any]:
@@ -245,9 +248,9 @@ class Daemon:
 
     def _adopt(self, peer: Peer, running: Running) -> dict[str, Any]:
         """Remember the holder of a process just started or restored (for exit codes) and reap it
-        when it exits; put the process into the caller's cgroup."""
+        when it exits."""
         assert running.started is not None
-        _into_callers_cgroup(peer, running.name, running.pid)
+        _say_where(peer, running)
         popen = running.started.popen
         with self._lock:
             self._holders[(peer.uid, running.name)] = popen
@@ -295,7 +298,7 @@ def _frozen_for_dump(holder: HolderRecord, owner: Owner, name: str, pid: int) ->
     with the owner's credentials only; what continues it."""
     if holder.workload is None or pid != holder.workload.pid:
         raise StateError(f"{name!r} changed while it was being checkpointed (PID {pid}).", "Try again.")
-    return freeze_checked(holder.workload, owner, name)
+    return freeze_checked(holder.workload, owner, name, holder.holder)
 
 
 def _kill_holder(holder: ProcId) -> None:
@@ -329,15 +332,32 @@ def _await_dropped(pid: int, uid: int, timeout: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def _into_callers_cgroup(peer: Peer, name: str, pid: int) -> None:
-    """Move the tree into the caller's cgroup (v2) unless it is there (``dropexec`` moves what
-    ``run`` starts; CRIU restores into the daemon's cgroup); say so in the log when it cannot."""
-    folder = cgroup_of(peer.pid)
+def _say_where(peer: Peer, running: Running) -> None:
+    """Log a process that is not in the cgroup recorded when it was started (``dropexec`` joins it
+    for ``run``, the restore's CRIU before it creates anything): one the daemon could not put there."""
+    folder, now = running.record.get("cgroup"), cgroup_of(running.pid)
     if folder is None:
-        log.info("uid %d: %r: the caller has no cgroup v2 here; PID %d stays in the daemon's", peer.uid, name, pid)
-    elif not move_tree(pid, folder):
-        log.warning("uid %d: %r: could not move PID %d into the caller's cgroup %s; it runs in %s",
-                    peer.uid, name, pid, folder, cgroup_of(pid))
+        log.info("uid %d: %r: no cgroup v2 was recorded for it; PID %d runs in %s", peer.uid, running.name, running.pid, now)
+    elif now != folder:
+        log.warning("uid %d: %r: PID %d runs in %s, not in its cgroup %s", peer.uid, running.name, running.pid, now, folder)
+
+
+def _owner_args(peer: Peer, rec: ProcRecord) -> list[str]:
+    """Whose credentials CRIU runs with (``criu_as_owner``): the peer's uid and gid, and the groups
+    the process was started with (the image's: CRIU then needs no right to set groups)."""
+    owner = Owner.of(peer.uid)
+    groups = rec.get("groups") if isinstance(rec.get("groups"), list) else sorted(owner.groups)
+    return [f"{OWNER_FLAG}{owner.uid}:{owner.gid}:{','.join(str(int(g)) for g in groups)}"]
+
+
+#: What of a client's ``extra`` a checkpoint's manifest keeps: what the Jupyter server records of its
+#: kernel, for its own listing. Nothing a step of the daemon reads (open files, owner, sizes) can come
+#: from a client.
+CLIENT_EXTRA = ("kernel", "engine_reason", "offload", "portable")
+
+
+def _client_extra(extra: Any) -> dict[str, Any]:
+    return {k: extra[k] for k in CLIENT_EXTRA if k in extra} if isinstance(extra, dict) else {}
 
 
 def _refuse_deleted_files(name: str, pid: int) -> None:

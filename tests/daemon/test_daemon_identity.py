@@ -321,12 +321,12 @@ def test_the_freeze_stops_the_whole_tree_checks_it_and_continues_only_what_it_st
         owner = Owner.of(att.pw_uid)
 
         with pytest.raises(AccessRefusedError, match=f"Process {sgid_child} of 'x' has effective gid {group.gr_gid}"):
-            freeze_checked(ProcId.of(sgid_shell), owner, "x")  # type: ignore[arg-type]
+            freeze_checked(ProcId.of(sgid_shell), owner, "x", ProcId.of(os.getpid()))  # type: ignore[arg-type]
         assert runs(sgid_shell) and runs(sgid_child)
 
         os.kill(child, signal.SIGSTOP)  # the user's own stop
         H.wait_until("the child to stop", lambda: state_of(child) == "T", 10, 0.01)
-        thaw = freeze_checked(ProcId.of(shell), owner, "x")  # type: ignore[arg-type]
+        thaw = freeze_checked(ProcId.of(shell), owner, "x", ProcId.of(os.getpid()))  # type: ignore[arg-type]
         assert (state_of(shell), state_of(child)) == ("T", "T")
         thaw()
         assert runs(shell)

@@ -388,8 +388,8 @@ def criu_dumping_in(d: H.Daemon, workdir: Path) -> int | None:
     runs = {}
     for p in psutil.Process(d.proc.pid).children(recursive=True):
         try:
-            argv = p.cmdline()
-            if str(workdir) in argv and any(a.endswith(("/criu", "criu.bin")) for a in argv[:4]) and "python" not in argv[0]:
+            argv = p.cmdline()  # the folders are given to it as descriptors: it works in its -W
+            if any(a.endswith(("/criu", "criu.bin")) for a in argv[:4]) and "python" not in argv[0] and p.cwd() == str(workdir):
                 runs[p.pid] = p.ppid()
         except psutil.Error:
             continue

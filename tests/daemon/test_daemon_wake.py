@@ -1,7 +1,7 @@
 """Idle pause and wake on request for an unprivileged user, through a real gpucr daemon (root) and
-real CRIU: the user's waker holds the port while the process is checkpointed, the daemon restores
-it beside that socket (see daemon/heldports.py), and the next connection is served with the
-process's state kept."""
+real CRIU: the user's waker holds the port while the process is checkpointed, the daemon's CRIU,
+running as the user, restores the process's socket beside it (the same owner's SO_REUSEPORT), and
+the next connection is served with the process's state kept."""
 from __future__ import annotations
 
 import json
