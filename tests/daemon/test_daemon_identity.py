@@ -290,7 +290,13 @@ def test_run_keeps_the_callers_no_new_privs_groups_and_cgroup(daemon: H.Daemon) 
         assert suspended["ok"] and restored["ok"], (suspended, restored)
         status = status_of(restored["result"]["pid"])
         assert (status["NoNewPrivs"], status["Groups"]) == ("1", "")
+        assert [status[c] for c in ("CapInh", "CapPrm", "CapEff", "CapAmb")] == ["0000000000000000"] * 4
         if cgroup is not None:
+            assert cgroup_of(restored["result"]["pid"]) == f"/{cgroup.name}"
+            # asked from elsewhere (a client in another cgroup): the tree goes where it was started
+            [suspended, restored] = calls(daemon, ATTACKER, ("checkpoint", {"name": "confined"}),
+                                          ("restore", {"name": "confined"}))
+            assert suspended["ok"] and restored["ok"], (suspended, restored)
             assert cgroup_of(restored["result"]["pid"]) == f"/{cgroup.name}"
         [plain] = calls(daemon, ATTACKER, ("run", run_args("plain", ["sleep", "600"])))
         assert status_of(plain["result"]["pid"])["NoNewPrivs"] == "0"  # a caller without it: as before
