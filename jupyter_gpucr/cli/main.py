@@ -102,8 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--engine", choices=["auto", "criu", "snapshot"], help="suspend with this engine")
     s.add_argument("--gpu", help="resume onto auto, a GPU index or a UUID")
     s.add_argument("--label", help="ls: only the kernels with this label (an agent's run or thread id)")
-    s.add_argument("--server", help="server URL (default: the running server found in the runtime dir)")
-    s.add_argument("--token", help="API token (default: the found server's)")
+    s.add_argument("--server", help="server URL (default: $GPUCR_SERVER_URL, else of the servers 'jupyter server list' "
+                   "shows, the one with this kernel, or whose root folder holds the current folder, or the only one)")
+    s.add_argument("--token", help="API token (default: $GPUCR_SERVER_TOKEN, $JUPYTER_TOKEN, or the found server's)")
     s = add("rm", help="remove a checkpoint id, or a name with all its checkpoints")
     s.add_argument("target")
     s.add_argument("--kill", action="store_true", help="also stop the process if it is running")
@@ -273,7 +274,7 @@ def _trash_command(cr: Checkpointer, args: argparse.Namespace) -> tuple[Any, str
 
 
 def _kernel_command(args: argparse.Namespace) -> tuple[Any, str]:
-    url, token = find_server(args.server, args.token)
+    url, token = find_server(args.server, args.token, args.kernel_id)
     if args.action == "ls":
         query = f"?label={urllib.parse.quote(args.label)}" if args.label else ""
         states = call(url, token, f"api/gpucr/kernels{query}")
