@@ -23,6 +23,9 @@ from ..server.service import KernelSuspender
 from ..server.websocket import GPUCRWebsocketConnection
 from .manager import GatewayKernelManager
 
+#: A gateway's default ``c.GPUCR.suspended_hours``: agent frameworks seldom delete their kernels.
+GATEWAY_SUSPENDED_HOURS = 24.0
+
 
 class GatewayWebsocketConnection(GPUCRWebsocketConnection):
     """gpucr's connection with the class method Kernel Gateway calls when it stops."""
@@ -41,6 +44,8 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         app = self.parent
+        if "suspended_hours" not in app.config.GPUCR:  # agents' throwaway kernels: nobody shuts them down
+            app.config.GPUCR.suspended_hours = GATEWAY_SUSPENDED_HOURS
         config = GPUCR(parent=app)
         # Before the first kernel starts: the provisioner factory reads this when it is made.
         if config.checkpointable_kernels and choose_backend(config).kind != "none":
@@ -82,10 +87,13 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
             self.log.info("gpucr: whole-process engine: %s", backend.why)
         await self.readiness.open_after(self.service.relist_at_start, self.log)
         options = self.service.options
-        if options.idle_timeout > 0:
-            self._idle_checker = PeriodicCallback(self.service.suspend_idle_kernels, 1000 * options.idle_check_interval)
+        if options.idle_timeout > 0 or options.suspended_hours > 0:
+            self._idle_checker = PeriodicCallback(self.service.check_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
+        if options.idle_timeout > 0:
             self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
+        if options.suspended_hours > 0:
+            self.log.info("gpucr: kernels suspended for more than %g h go to the trash", options.suspended_hours)
 
     async def shutdown(self) -> None:
         """Kernel Gateway shuts every kernel down when it stops: put them on disk first, where

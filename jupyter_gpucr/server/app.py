@@ -106,10 +106,13 @@ class GPUCRApp(ExtensionApp):
         self._stop_on_sigint()
         await self.readiness.wait()  # not an idle check before the kernels of an earlier server are listed
         options = self.service.options
-        if options.idle_timeout > 0:
-            self._idle_checker = PeriodicCallback(self.service.suspend_idle_kernels, 1000 * options.idle_check_interval)
+        if options.idle_timeout > 0 or options.suspended_hours > 0:
+            self._idle_checker = PeriodicCallback(self.service.check_kernels, 1000 * options.idle_check_interval)
             self._idle_checker.start()
+        if options.idle_timeout > 0:
             self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
+        if options.suspended_hours > 0:
+            self.log.info("gpucr: kernels suspended for more than %g h go to the trash", options.suspended_hours)
 
     def _log_backend(self) -> None:
         backend = self.service.backend

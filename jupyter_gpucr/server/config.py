@@ -107,6 +107,12 @@ class GPUCR(Configurable):
         "checkpoints still uploading are never deleted, so the prefix can stay above the limit (the log says so). "
         "0: no limit; keep_last applies either way, and a kernel shut down takes its objects with it.",
     )
+    suspended_hours = Float(
+        0.0, config=True,
+        help="Hours a kernel may stay suspended. Past it the kernel is shut down: its saved state goes to the "
+        "trash (for trash_hours, restorable from there), then is deleted. For kernels nobody comes back to, "
+        "such as an agent framework's throwaway kernels. 0: kept until shut down. Kernel Gateway's default: 24.",
+    )
     trash_hours = Float(
         24.0, config=True,
         help="Hours a suspended kernel's checkpoint stays in the trash after the kernel was shut down or "

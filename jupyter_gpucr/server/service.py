@@ -78,6 +78,10 @@ class KernelSuspender:
         self.saved = SavedReplies(store)
         self._locks: dict[str, asyncio.Lock] = {}
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
+        #: Why a kernel being shut down by the server itself goes to the trash (not "shutdown").
+        self._shelve_reasons: dict[str, str] = {}
+        #: When a kernel taken out of the trash was listed again: its ``suspended_hours`` count from then.
+        self._untrashed_at: dict[str, float] = {}
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.stopping = False  # the server stops: kernels it shuts down stay on disk, listed at the next start
@@ -178,6 +182,34 @@ class KernelSuspender:
                     await self.suspend(kernel_id, reason="idle")
                 except GPUCRError as e:
                     self.log.warning("gpucr: idle kernel %s not suspended: %s", kernel_id, e)
+
+    async def expire_suspended_kernels(self) -> None:
+        """Shut down every kernel suspended for longer than ``c.GPUCR.suspended_hours``: its saved
+        state goes to the trash (reason "expired"), from where ``trash_hours`` later deletes it."""
+        limit = self.options.suspended_hours * 3600
+        if limit <= 0:
+            return
+        now = time.time()
+        for kernel_id in list(self.kernel_manager.list_kernel_ids()):
+            st = self.lifecycle.get(kernel_id)
+            since = max(st.suspended_at or now, self._untrashed_at.get(kernel_id, 0.0))
+            if st.state != SUSPENDED or now - since < limit or self.busy(kernel_id):
+                continue
+            self.log.info("gpucr: kernel %s was suspended for more than %g h: shutting it down, its state to the trash",
+                          kernel_id, self.options.suspended_hours)
+            self._shelve_reasons[kernel_id] = "expired"
+            try:
+                await self.kernel_manager.shutdown_kernel(kernel_id)
+            except Exception as e:  # the next check tries again
+                self.log.warning("gpucr: expired kernel %s was not shut down: %s", kernel_id, e)
+            finally:
+                self._shelve_reasons.pop(kernel_id, None)
+
+    async def check_kernels(self) -> None:
+        """The periodic check (every ``idle_check_interval``): idle kernels to disk, expired ones to the trash."""
+        if self.options.idle_timeout > 0:
+            await self.suspend_idle_kernels()
+        await self.expire_suspended_kernels()
 
     async def suspend(self, kernel_id: str, reason: str = "manual", engine: str | None = None,
                       when: str = "now") -> KernelState:
@@ -447,7 +479,7 @@ class KernelSuspender:
         path = await self._notebook_path(kernel_id) or st.notebook_path
         self._forget(kernel_id)
         if not self.stopping:
-            self.trash.shelve(kernel_id, reason, path, st.restored_at)
+            self.trash.shelve(kernel_id, self._shelve_reasons.get(kernel_id, reason), path, st.restored_at)
 
     def discard(self, kernel_id: str) -> None:
         """A running kernel was shut down: its checkpoints are stale, and hold its memory."""
@@ -463,6 +495,7 @@ class KernelSuspender:
         self.prefetcher.forget(kernel_id)
         self.room.forget(kernel_id)
         self.ports.release(kernel_id)
+        self._untrashed_at.pop(kernel_id, None)
 
     async def restore_from_trash(self, trash_id: str, replace: bool = False, sessions: bool = True) -> KernelState:
         """List a trashed kernel again, suspended, under its old id (see ``Trash.take_out`` for
@@ -470,6 +503,7 @@ class KernelSuspender:
         connects the notebook it has open itself says False, or that notebook would get a second
         session."""
         name = await self.trash.take_out(trash_id, replace)
+        self._untrashed_at[name] = time.time()
         return await self.relister.list_on_disk(name, latest(self.store, name), sessions=sessions)
 
     async def delete_checkpoint(self, checkpoint_id: str) -> None:

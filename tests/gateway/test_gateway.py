@@ -79,6 +79,8 @@ async def test_stop_suspends_every_kernel_and_the_next_gateway_lists_it_again(ro
     finally:
         assert first.stop() == 0
     assert "1 kernel(s) are on disk for the next start" in first.log.read_text()
+    # a gateway's throwaway kernels do not pile up: its default expiry for suspended kernels
+    assert "kernels suspended for more than 24 h go to the trash" in first.log.read_text()
     assert kernel_processes(kid) == []
 
     slow_relist = tmp_path / "slow_relist.py"  # this test only: the listing takes 3 s
