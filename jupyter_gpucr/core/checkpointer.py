@@ -599,8 +599,12 @@ class Checkpointer:
             failure = explain_log(workdir / "restore.log")
             if attempt == 0 and (_rewind_grown_log(failure.raw, d) or _unix_name_still_held(failure.raw)):
                 continue
-            raise EngineError(f"CRIU could not restore {name!r}: {failure.line}{_port_holders(images, failure.raw)}",
-                              f"{failure.hint} The checkpoint is kept; you can retry.")
+            holders = _port_holders(images, failure.raw)
+            raise EngineError(f"CRIU could not restore {name!r}: {failure.line}"
+                              + "".join(f" Port {port} ({ip}), which the process had bound, is now held by {who}."
+                                        for port, ip, who, _pid in holders),
+                              f"{failure.hint} The checkpoint is kept; you can retry.",
+                              summary=_restore_summary(failure.summary, holders))
         raise AssertionError("unreachable")
 
     def await_pages(self, name: str, timeout: float = PAGES_WAIT) -> None:
@@ -714,27 +718,36 @@ def _continue(started: Started) -> None:
         os.kill(p, signal.SIGCONT)
 
 
-def _port_holders(images: Path, line: str) -> str:
-    """For a restore that found a port of the process taken: which, and by whom (root sees every
-    process's sockets; a user's server sees its own)."""
+def _port_holders(images: Path, line: str) -> list[tuple[int, str, str, int | None]]:
+    """For a restore that found a port of the process taken: which (port, address), by whom (in
+    words, and the PID when known); root sees every process's sockets, a user's server its own."""
     if "Address already in use" not in line:
-        return ""
+        return []
     try:
         ports = {s.port for s in read_image(images).inet if s.port}
         holders = [c for c in psutil.net_connections("inet") if c.laddr and c.laddr.port in ports
                    and c.status in (psutil.CONN_LISTEN, psutil.CONN_NONE)]
     except (GPUCRError, psutil.Error, OSError):
-        return ""
-    said = []
+        return []
+    said = set()
     for c in holders:
         try:
             proc = psutil.Process(c.pid) if c.pid else None
             who = f"PID {proc.pid} of {proc.username()} (uid {proc.uids().real})" if proc else "a process not visible here"
         except psutil.Error:
             who = f"PID {c.pid}"
-        said.append(f" Port {c.laddr.port} ({c.laddr.ip}), which the process had bound, is now held by {who}.")
-    return "".join(sorted(set(said)))
+        said.add((c.laddr.port, c.laddr.ip, who, c.pid or None))
+    return sorted(said, key=lambda h: (h[0], h[1], h[2]))
 
+
+def _restore_summary(summary: str, holders: list[tuple[int, str, str, int | None]]) -> str:
+    """A failed restore's cause in plain words: the port and its holder when a port was taken
+    ("Port 43463 is used by PID 22484"), else what the CRIU log said, else that it failed."""
+    if holders:
+        port, _ip, _who, pid = holders[0]
+        more = f" (and {len(holders) - 1} more)" if len(holders) > 1 else ""
+        return f"Port {port} is used by " + (f"PID {pid}" if pid else "another process") + more
+    return summary or "The kernel's process could not be recreated"
 
 class _ChangedWhileFilled(Exception):
     """A restored tree forked or moved memory while it ran and its memory was filled (which the

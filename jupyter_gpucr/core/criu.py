@@ -62,6 +62,17 @@ _HINTS: list[tuple[str, str]] = [
      f"{LAZY_LOG} in the checkpoint's folder)."),
 ]
 
+# The cause in a few plain words, for the first line a user reads (a notification); the CRIU
+# text stays in the message behind it.
+_SUMMARIES: list[tuple[str, str]] = [
+    (r"No space left on device", "The disk is full"),
+    (r"Can't fork for \d+: File exists", "The process ID the kernel needs is taken"),
+    (r"Operation not permitted|Permission denied", "CRIU lacks the privileges it needs"),
+    (UNIX_NAME_TAKEN, "A socket name the kernel had is taken by another process"),
+    (r"Address already in use", "A port the kernel had is in use by another process"),
+    (r"uffd: |lazy-pages", "The kernel's memory could not be brought back"),
+]
+
 
 @dataclass(frozen=True)
 class CriuFailure:
@@ -70,29 +81,31 @@ class CriuFailure:
     line: str
     hint: str
     raw: str = ""
+    #: The cause in a few plain words ("The disk is full"); "" when there is none to say.
+    summary: str = ""
 
 
-def _file_changed(m: re.Match) -> tuple[str, str]:
+def _file_changed(m: re.Match) -> tuple[str, str, str]:
     path, now, then = "/" + m["path"].lstrip("/"), m["now"], m["then"]
     line = (f"The file {path}, which the process had open, changed size while it was suspended: {now} bytes now, "
             f"{then} at the checkpoint. CRIU restores open files only as they were.")
     hint = (f"Put the file back as it was (from a backup or version control) and restore again. If the process can live "
             f"with its current content, make it the recorded size instead: 'truncate -s {then} {path}' (this cuts or "
             "pads the file), then restore again.")
-    return line, hint
+    return line, hint, f"The file {path} changed while the kernel was suspended"
 
 
-def _file_gone(m: re.Match) -> tuple[str, str]:
+def _file_gone(m: re.Match) -> tuple[str, str, str]:
     path = "/" + m["path"].lstrip("/")
     line = (f"The file {path}, which the process had open, cannot be opened: {m['why']}. It was probably deleted or "
             "moved while the process was suspended.")
     hint = (f"Put the file back at {path} and restore again. For a file the process only writes to, an empty one does: "
             f"'touch {path}' (if CRIU then reports a size, follow that message).")
-    return line, hint
+    return line, hint, f"The file {path}, which the kernel had open, is gone"
 
 
 # Terse CRIU errors turned into a sentence naming the thing and what to do about it.
-_TRANSLATIONS: list[tuple[str, Callable[[re.Match], tuple[str, str]]]] = [
+_TRANSLATIONS: list[tuple[str, Callable[[re.Match], tuple[str, str, str]]]] = [
     (r"File (?P<path>\S+) has bad size (?P<now>\d+) \(expect (?P<then>\d+)\)", _file_changed),
     (r"Can't open file (?P<path>\S+?)(?: on restore)?: (?P<why>.+)$", _file_gone),
 ]
@@ -109,13 +122,15 @@ def explain_log(log: Path, returncode: int | None = None, stderr: str = "") -> C
         for line in errors:
             m = re.search(pattern, line)
             if m:
-                return CriuFailure(*translate(m), raw=line)
+                said, hint, summary = translate(m)
+                return CriuFailure(said, hint, raw=line, summary=summary)
     text = "\n".join(errors) or "\n".join(lines[-5:])
     hint = next((h for pat, h in _HINTS if re.search(pat, text)), f"See the CRIU log {log}.")
+    summary = next((s for pat, s in _SUMMARIES if re.search(pat, text)), "")
     if errors:
-        return CriuFailure(errors[0], hint, raw=errors[0])
+        return CriuFailure(errors[0], hint, raw=errors[0], summary=summary)
     how = (f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}") if returncode else "failed"
-    return CriuFailure(f"CRIU stopped ({how}) without reporting an error", hint)
+    return CriuFailure(f"CRIU stopped ({how}) without reporting an error", hint, summary=summary)
 
 
 def dump_finished(workdir: Path) -> bool:

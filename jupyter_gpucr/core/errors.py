@@ -5,27 +5,41 @@ Every public operation raises a subclass of :class:`GPUCRError`; its ``hint`` is
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class GPUCRError(Exception):
-    """Base class: ``message`` says what happened, ``hint`` what the user can do."""
+    """Base class: ``message`` says what happened, ``hint`` what the user can do, ``summary`` the
+    cause in a few plain words (no ids, no CRIU text: what a notification says first), and
+    ``retryable`` whether asking again, unchanged, can succeed (a port freed, room made, a lock
+    released) rather than fail the same way (a damaged checkpoint)."""
 
     #: HTTP status the server extension answers with.
     status = 500
+    #: The summary when none is given; "" says the message is short and plain already.
+    default_summary = ""
+    retryable = True
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", *, summary: str | None = None,
+                 retryable: bool | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.summary = self.default_summary if summary is None else summary
+        if retryable is not None:
+            self.retryable = retryable
 
     def __str__(self) -> str:
         return f"{self.message} {self.hint}".strip()
 
-    def to_dict(self) -> dict[str, str]:
-        return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint,
+                "summary": self.summary or self.message, "retryable": self.retryable}
 
 
 class InvalidNameError(GPUCRError):
     status = 400
+    retryable = False
 
 
 class NotFoundError(GPUCRError):
@@ -42,6 +56,7 @@ class StateError(GPUCRError):
     """The operation does not fit the current state (already running, not running...)."""
 
     status = 409
+    retryable = False
 
 
 class PreconditionError(GPUCRError):
@@ -54,12 +69,16 @@ class CheckpointDamagedError(GPUCRError):
     """Checksums or manifest do not match; the checkpoint is kept for inspection."""
 
     status = 422
+    default_summary = "The saved state is damaged"
+    retryable = False
 
 
 class IncompatibleCheckpointError(GPUCRError):
     """The checkpoint was made on another driver, GPU model or engine version."""
 
     status = 422
+    default_summary = "The saved state was made for another GPU, driver or version"
+    retryable = False
 
 
 class EngineError(GPUCRError):
@@ -82,3 +101,5 @@ class AccessRefusedError(GPUCRError):
     credentials they do not hold); nothing was started and the checkpoint is kept."""
 
     status = 403
+    default_summary = "The saved state needs access its owner does not have"
+    retryable = False

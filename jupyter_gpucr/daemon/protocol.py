@@ -108,8 +108,13 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 
 def error_from(payload: dict[str, Any]) -> GPUCRError:
-    """The client-side exception for an error the daemon sent (same class, message and hint)."""
+    """The client-side exception for an error the daemon sent (same class, message, hint, summary and
+    retryable)."""
     cls = getattr(errors, str(payload.get("error")), None)
     if not (isinstance(cls, type) and issubclass(cls, GPUCRError)):
         cls = ProtocolError if payload.get("error") == "ProtocolError" else errors.EngineError
-    return cls(str(payload.get("message", "The gpucr daemon failed.")), str(payload.get("hint", "")))
+    message = str(payload.get("message", "The gpucr daemon failed."))
+    summary, retryable = payload.get("summary"), payload.get("retryable")
+    return cls(message, str(payload.get("hint", "")),
+               summary=summary if isinstance(summary, str) and summary != message else None,
+               retryable=retryable if isinstance(retryable, bool) else None)

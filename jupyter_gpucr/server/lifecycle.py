@@ -20,14 +20,14 @@ from jupyter_events import EventLogger
 from traitlets import Instance
 from traitlets.config import LoggingConfigurable
 
-from ..core.errors import StateError
+from ..core.errors import GPUCRError, StateError
 
 STATE_SCHEMA_PATH = Path(__file__).parent / "schemas" / "kernel-state.json"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
 PHASES = ["trimming", "gpu-checkpoint", "dumping", "verifying", "done", "restoring", "gpu-restore", "failed",
           "pending", "cancelled", "waiting-for-room", "uploading", "downloading"]
 #: Kernel-state properties that events carry besides kernel_id, state and the progress fields.
-EVENT_FIELDS = ["error", "hint", "notebook_path", "restored_at", "suspended_for", "lost", "room", "made_room_for"]
+EVENT_FIELDS = ["error", "hint", "summary", "retryable", "notebook_path", "restored_at", "suspended_for", "lost", "room", "made_room_for"]
 
 RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
 WAITING = "waiting-for-room"
@@ -91,6 +91,8 @@ class KernelState:
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
     hint: str | None = None
+    summary: str | None = None
+    retryable: bool | None = None
     room: dict[str, Any] | None = None
     made_room_for: str | None = None
     trim: dict[str, Any] | None = None
@@ -101,6 +103,12 @@ class KernelState:
 
 
 _FIELDS = {f.name for f in fields(KernelState)}
+
+
+def failure(err: GPUCRError) -> dict[str, Any]:
+    """The state fields of a failed operation: what it said, what to do, the cause in plain words
+    and whether asking again can succeed."""
+    return {"error": err.message, "hint": err.hint, "summary": err.summary or None, "retryable": err.retryable}
 
 
 class KernelLifecycle(LoggingConfigurable):
@@ -151,6 +159,8 @@ class KernelLifecycle(LoggingConfigurable):
         if unknown:
             raise TypeError(f"Unknown kernel state fields: {sorted(unknown)}")
         st.state = to
+        if "error" in changes:  # a new error (or none): the last one's summary no longer applies
+            st.summary = st.retryable = None
         for name, value in changes.items():
             setattr(st, name, value)
         if to == RUNNING:

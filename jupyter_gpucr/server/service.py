@@ -33,7 +33,17 @@ from .config import GPUCR
 from .dormant import Saved
 from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .kernels import Kernels
-from .lifecycle import PENDING, RESTORING, RUNNING, SUSPENDED, SUSPENDING, UPLOADING, KernelLifecycle, KernelState
+from .lifecycle import (
+    PENDING,
+    RESTORING,
+    RUNNING,
+    SUSPENDED,
+    SUSPENDING,
+    UPLOADING,
+    KernelLifecycle,
+    KernelState,
+    failure,
+)
 from .ports import HeldPorts
 from .prefetch import Prefetcher
 from .preparation import SavedReplies
@@ -258,7 +268,7 @@ class KernelSuspender:
         except BaseException as e:
             err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
             self.log.warning("gpucr: suspending kernel %s failed: %s %s", kernel_id, err.message, err.hint)
-            self.lifecycle.transition(kernel_id, RUNNING, "failed", error=err.message, hint=err.hint)
+            self.lifecycle.transition(kernel_id, RUNNING, "failed", **failure(err))
             raise err from (None if err is e else e)
         self.log.debug("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
                       ckpt.size >> 20, st.timings.get("total", 0))
@@ -398,7 +408,7 @@ class KernelSuspender:
                 if self.remote:
                     err = await self.remote.damaged_in_store(kernel_id, err)
                 self.log.warning("gpucr: restoring kernel %s failed: %s %s", kernel_id, err.message, err.hint)
-                self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=err.message, hint=err.hint)
+                self.lifecycle.transition(kernel_id, SUSPENDED, "failed", **failure(err))
                 if self.remote:
                     await self.remote.give_back(kernel_id)
                 raise err from (None if err is e else e)
@@ -460,8 +470,8 @@ class KernelSuspender:
         km.provisioner.mark_suspended()
         self.ports.hold_anew(kernel_id, latest(self.store, kernel_id))
         if self.lifecycle.state_of(kernel_id) == RUNNING:  # already handed back: through suspending
-            self.lifecycle.transition(kernel_id, SUSPENDING, "failed", error=e.message, hint=e.hint)
-        self.lifecycle.transition(kernel_id, SUSPENDED, "failed", error=e.message, hint=e.hint)
+            self.lifecycle.transition(kernel_id, SUSPENDING, "failed", **failure(e))
+        self.lifecycle.transition(kernel_id, SUSPENDED, "failed", **failure(e))
         self.kernel_manager.settle_connections(kernel_id)
 
     def prefetch(self, kernel_id: str) -> None:

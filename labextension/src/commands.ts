@@ -223,6 +223,53 @@ export function addCommands(ctx: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.startFresh, {
+    label: 'Start Fresh Kernel',
+    caption:
+      'Restart the suspended kernel empty: its saved state goes to the trash, from where it can still be restored',
+    isEnabled: args => {
+      const kernelId = targetKernel(args);
+      return (
+        !!kernelId &&
+        !model.isBusy(kernelId) &&
+        model.getKernel(kernelId)?.state === 'suspended'
+      );
+    },
+    execute: async args => {
+      const kernelId = targetKernel(args);
+      if (!kernelId) {
+        return;
+      }
+      // A restart of a suspended kernel moves its checkpoint to the trash and
+      // starts an empty kernel under the same id, for the same notebooks.
+      const panel = panelForKernel(tracker, kernelId);
+      try {
+        if (panel) {
+          await panel.sessionContext.restartKernel();
+        } else {
+          const found = await ctx.kernels.findById(kernelId);
+          if (!found) {
+            return;
+          }
+          const kernel = ctx.kernels.connectTo({ model: found });
+          try {
+            await kernel.restart();
+          } finally {
+            kernel.dispose();
+          }
+        }
+      } catch (error) {
+        const name = notifier.label(kernelId);
+        Notification.error(
+          fitToast(
+            `Could not start ${name} fresh: ${errorText(error, name)}`
+          ),
+          { autoClose: false }
+        );
+      }
+    }
+  });
+
   commands.addCommand(CommandIDs.shutdownKernel, {
     label: 'Shut Down Kernel',
     caption:
@@ -365,12 +412,14 @@ export function addCommands(ctx: ICommandContext): void {
               {
                 label: 'Details',
                 displayType: 'link',
-                callback: () =>
+                callback: event => {
+                  event.preventDefault(); // the warning stays until closed
                   void showDialog({
                     title: `Could not restore ${name}`,
                     body: text,
                     buttons: [Dialog.okButton({ label: 'Close' })]
-                  })
+                  });
+                }
               }
             ]
           })

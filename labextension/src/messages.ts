@@ -196,6 +196,7 @@ export type NoticeAction =
   | 'retry-resume'
   | 'resume'
   | 'resume-other-gpu'
+  | 'start-fresh'
   | 'details'
   | 'open-panel'
   | 'doctor';
@@ -303,24 +304,51 @@ export function busyNotice(label: string): INotice {
 export function transitionNotice(
   previous: IKernelState | undefined,
   current: IKernelState,
-  label: string
+  label: string,
+  context: INoticeContext = {}
 ): INotice | null {
   const transition = transitionOf(previous, current);
-  return transition ? noticeOf(transition, current, label) : null;
+  return transition ? noticeOf(transition, current, label, context) : null;
+}
+
+/** What a notice's actions depend on beyond the kernel's state. */
+export interface INoticeContext {
+  /**
+   * How many GPUs the server has (undefined: not known yet): choosing one
+   * means something from two on, and only for a kernel that used a GPU.
+   */
+  gpus?: number;
+}
+
+/**
+ * The cause of a failure, first and in plain words: the server's `summary`
+ * (`The saved state is damaged`), else its message with kernel ids replaced
+ * by `name`.
+ */
+export function failureCause(current: IKernelState, name: string): string {
+  const summary = current.summary ? current.summary.trim() : '';
+  const cause = sentence(
+    summary || plainError(current.error ?? '', null, name)
+  );
+  return cause.charAt(0).toUpperCase() + cause.slice(1);
 }
 
 /** The notice of one transition of `current`. */
 function noticeOf(
   transition: Transition,
   current: IKernelState,
-  label: string
+  label: string,
+  context: INoticeContext
 ): INotice {
   const name = shortName(label || current.kernel_id.slice(0, 8));
   const error = current.error ? current.error.trim() : '';
   const hint = current.hint ? current.hint.trim() : '';
   switch (transition) {
     case 'suspend-failed': {
-      const actions: NoticeAction[] = ['details', 'retry-suspend'];
+      const actions: NoticeAction[] = ['details'];
+      if (current.retryable !== false) {
+        actions.push('retry-suspend');
+      }
       if (/snapshot/i.test(hint) && !/not wired/i.test(error + hint)) {
         actions.push('suspend-snapshot');
       }
@@ -334,15 +362,31 @@ function noticeOf(
         autoClose: false
       };
     }
-    case 'restore-failed':
+    case 'restore-failed': {
+      // The cause first; Retry only where asking again can succeed (not for
+      // a damaged checkpoint), another GPU only where there is one to choose,
+      // and always a way out: a fresh kernel, the saved state to the trash.
+      const actions: NoticeAction[] = ['details'];
+      if (current.retryable !== false) {
+        actions.push('retry-resume');
+      }
+      if (
+        current.kind === 'gpu' &&
+        (context.gpus === undefined || context.gpus > 1)
+      ) {
+        actions.push('resume-other-gpu');
+      }
+      actions.push('start-fresh');
       return {
         type: 'error',
         message: fitToast(
-          `Restore of ${name} failed; its saved state is kept. ${sentence(error)}`
+          `${failureCause(current, name)} ${name} was not restored` +
+            (current.retryable === false ? '.' : '; its saved state is kept.')
         ),
-        actions: ['details', 'retry-resume', 'resume-other-gpu'],
+        actions,
         autoClose: false
       };
+    }
     case 'suspended':
       return suspendedNotice(current, name);
     case 'pending':

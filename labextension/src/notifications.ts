@@ -18,6 +18,7 @@ import {
   INotice,
   kernelLabel,
   NoticeAction,
+  sentence,
   transitionNotice,
   trashedNotice
 } from './messages';
@@ -111,7 +112,9 @@ export class GpucrNotifier {
     if (current.state === 'suspended' && this._fromTrash.delete(kernelId)) {
       return;
     }
-    const notice = transitionNotice(previous, current, this.label(kernelId));
+    const notice = transitionNotice(previous, current, this.label(kernelId), {
+      gpus: this._model.gpus.length || undefined
+    });
     if (notice) {
       this.show(kernelId, notice);
     }
@@ -121,6 +124,9 @@ export class GpucrNotifier {
     const state = this._model.getKernel(kernelId);
     const lines: string[] = [];
     if (state?.error) {
+      if (state.summary) {
+        lines.push(sentence(state.summary));
+      }
       lines.push(state.error);
       if (state.hint) {
         lines.push(`What to do: ${state.hint}`);
@@ -201,6 +207,13 @@ export class GpucrNotifier {
           caption: 'Restore the kernel from disk',
           callback: run(CommandIDs.resume)
         };
+      case 'start-fresh':
+        return {
+          label: 'Start fresh',
+          caption:
+            'Restart the kernel empty; its saved state goes to the trash, from where it can still be restored',
+          callback: run(CommandIDs.startFresh)
+        };
       case 'resume-other-gpu':
         return {
           label: 'Choose GPU…',
@@ -212,7 +225,11 @@ export class GpucrNotifier {
           label: 'Details',
           caption: 'The whole message and what to do',
           displayType: 'link',
-          callback: () => this._details(kernelId)
+          // A failure stays until closed: reading its details is not closing it.
+          callback: event => {
+            event.preventDefault();
+            this._details(kernelId);
+          }
         };
       case 'doctor':
         return {
@@ -220,7 +237,8 @@ export class GpucrNotifier {
           caption:
             'Open the Suspended kernels panel and what works on this server',
           displayType: 'link',
-          callback: () => {
+          callback: event => {
+            event.preventDefault();
             void this._model.refreshDoctor();
             void this._commands.execute(CommandIDs.openPanel);
           }

@@ -111,12 +111,14 @@ export class KernelShutdowns {
       actions.push({
         label: 'Details',
         displayType: 'link',
-        callback: () =>
+        callback: event => {
+          event.preventDefault(); // the notice stays until closed
           void showDialog({
             title: 'Kernels not shut down',
             body: details,
             buttons: [Dialog.okButton({ label: 'Close' })]
-          })
+          });
+        }
       });
     }
     Notification.emit(summary.message, summary.type, {

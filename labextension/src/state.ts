@@ -37,6 +37,8 @@ export function emptyState(
     warnings: [],
     error: null,
     hint: null,
+    summary: null,
+    retryable: null,
     trim: null,
     timings: null
   };
@@ -131,6 +133,19 @@ export function mergeEvent(
     next.error = event.error;
     next.hint =
       event.hint ?? (event.error !== base.error ? null : (base.hint ?? null));
+    const same = event.error === base.error;
+    next.summary =
+      event.summary !== undefined
+        ? event.summary || null
+        : same
+          ? (base.summary ?? null)
+          : null;
+    next.retryable =
+      event.retryable !== undefined
+        ? event.retryable
+        : same
+          ? (base.retryable ?? null)
+          : null;
   } else if (
     event.error !== undefined ||
     (transient && base.state !== event.state)
@@ -139,6 +154,8 @@ export function mergeEvent(
     // clears the error of the last one.
     next.error = null;
     next.hint = null;
+    next.summary = null;
+    next.retryable = null;
   }
   if (event.state === 'running') {
     next.suspended_at = null;

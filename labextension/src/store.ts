@@ -302,6 +302,8 @@ function normalize(kernelId: string, state: IKernelState): IKernelState {
     warnings: state.warnings ?? [],
     error: state.error || null,
     hint: state.hint || null,
+    summary: state.summary || null,
+    retryable: state.retryable ?? null,
     room: state.room ?? null,
     made_room_for: state.made_room_for ?? null,
     trim: state.trim ?? null,

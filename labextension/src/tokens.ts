@@ -15,6 +15,7 @@ export namespace CommandIDs {
   export const suspend = 'gpucr:suspend';
   export const cancelSuspend = 'gpucr:cancel-suspend';
   export const resume = 'gpucr:resume';
+  export const startFresh = 'gpucr:start-fresh';
   export const shutdownKernel = 'gpucr:shutdown-kernel';
   export const shutdownAll = 'gpucr:shutdown-all';
   export const deleteCheckpoint = 'gpucr:delete-checkpoint';

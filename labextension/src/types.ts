@@ -129,6 +129,10 @@ export interface IKernelState {
   error: string | null;
   /** What the user can do about `error` (server's hint), if known. */
   hint?: string | null;
+  /** The cause of `error` in a few plain words (`The saved state is damaged`); null: `error` says it plainly. */
+  summary?: string | null;
+  /** Whether the failed operation, asked again unchanged, can succeed; false for a damaged checkpoint. */
+  retryable?: boolean | null;
   /** While `waiting-for-room`: where and for what. */
   room?: IRoomWait | null;
   /** The kernel this one was suspended to make room for. */
@@ -242,6 +246,8 @@ export interface IKernelStateEvent {
   bytes_total?: number | null;
   error?: string | null;
   hint?: string | null;
+  summary?: string | null;
+  retryable?: boolean | null;
   notebook_path?: string | null;
   restored_at?: Timestamp | null;
   suspended_for?: number | null;

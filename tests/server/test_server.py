@@ -176,8 +176,12 @@ async def test_bad_requests(jp_fetch, jp_ws_fetch, jp_serverapp, http_server_cli
     with pytest.raises(HTTPClientError) as err:
         await jp_fetch("api", "gpucr", "kernels", kid, "resume", method="POST", body="{}")
     assert err.value.code == 422 and b"is damaged" in err.value.response.body
+    # the cause in plain words (no id, no CRIU text), and that asking again cannot help
+    body = json.loads(err.value.response.body)
+    assert body["summary"] == "The saved state is damaged" and body["retryable"] is False
     st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
     assert st["state"] == "suspended" and "damaged" in st["error"]
+    assert st["summary"] == "The saved state is damaged" and st["retryable"] is False
     assert pathlib.Path(path).is_dir()
     # the user gives up on it: shutting the kernel down moves its checkpoint to the trash
     await jp_fetch("api", "kernels", kid, method="DELETE")

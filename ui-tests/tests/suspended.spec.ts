@@ -12,11 +12,15 @@
  * - JupyterLab's own Kernels section (the item's shut-down button, Shut Down
  *   All, the context menu) asks the same before a suspended kernel goes;
  * - Kernel > Restart of a suspended kernel asks, then a notification says
- *   the variables are gone.
+ *   the variables are gone;
+ * - a restore of a damaged checkpoint fails saying the cause first in plain
+ *   words, offers no Retry (it would fail again) and no GPU choice (no GPU
+ *   here) but Start fresh; Details keeps the notice (toast and bell).
  */
 import { expect, test } from '@jupyterlab/galata';
 import type { Page } from '@playwright/test';
 import * as fs from 'fs';
+import * as path from 'path';
 
 import {
   currentKernelId,
@@ -633,5 +637,83 @@ test.describe('suspended kernels in JupyterLab', () => {
     );
     await expect(item).toHaveCount(0);
     await expect(warning).toHaveCount(0);
+  });
+
+  test('a failed restore says the cause first, keeps its notice after Details, and offers a fresh start', async ({
+    page
+  }) => {
+    const name = 'damaged.ipynb';
+    const kernelId = await newNotebook(page, name, 'd = 7');
+    await suspendByRest(page, kernelId);
+    await statusSuspended(page);
+    // Damage the saved state: flip a byte of its largest memory image.
+    const checkpoints = await (
+      await page.request.get('/api/gpucr/checkpoints')
+    ).json();
+    const images = path.join(
+      checkpoints.find((c: any) => c.kernel_id === kernelId).path,
+      'images'
+    );
+    const pages = fs
+      .readdirSync(images)
+      .filter(f => /^pages-.*\.img$/.test(f))
+      .map(f => path.join(images, f))
+      .sort((a, b) => fs.statSync(b).size - fs.statSync(a).size)[0];
+    const data = fs.readFileSync(pages);
+    data[data.length >> 1] ^= 0xff;
+    fs.writeFileSync(pages, data);
+
+    await page.evaluate(
+      id =>
+        (window as any).jupyterapp.commands.execute('gpucr:resume', {
+          kernelId: id
+        }),
+      kernelId
+    );
+    const notice = page
+      .locator('.Toastify__toast')
+      .filter({ hasText: `${name} was not restored` });
+    await expect(notice).toHaveCount(1, { timeout: 120000 });
+    const message = notice.locator('.jp-toast-message');
+    // The cause first, in plain words; no checkpoint id, no CRIU text.
+    await expect(message).toHaveText(
+      `The saved state is damaged. ${name} was not restored.`
+    );
+    await shot(page, 'restore-failed-damaged', notice);
+    // Retry would fail the same way; there is no GPU to choose here.
+    const buttons = notice.locator('.jp-toast-button');
+    await expect(buttons).toHaveText(['Details', 'Start fresh']);
+
+    // Details tells the rest (the id, what was wrong) and closing it keeps the notice.
+    await notice.getByRole('button', { name: 'Details' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText('The saved state is damaged.');
+    await expect(dialog).toContainText(/Checkpoint \S+ is damaged/);
+    await dialog.getByRole('button', { name: 'Close' }).click();
+    await expect(dialog).toHaveCount(0);
+    await expect(notice).toHaveCount(1);
+    // The bell's list keeps it too (opening the list hides the toasts).
+    await page.locator('.jp-Notification-Status').click();
+    const listed = page
+      .locator('.jp-Notification-Center .jp-Notification-List-Item')
+      .filter({ hasText: `${name} was not restored` });
+    await expect(listed).toHaveCount(1);
+
+    // Start fresh: an empty kernel under the same id, the saved state in the trash.
+    await listed.getByRole('button', { name: 'Start fresh' }).click();
+    await expect(
+      page
+        .locator('.jp-Notification-Center .jp-Notification-List-Item')
+        .filter({ hasText: `${name} restarted as a fresh kernel` })
+    ).toContainText('The saved state is in the trash.');
+    await expect(listed).toHaveCount(0);
+    await page.locator('.jp-Notification-Status').click();
+    expect(await runCode(page, "print('d' in dir())")).toContain('False');
+    expect(await currentKernelId(page)).toBe(kernelId);
+    const trash = await (await page.request.get('/api/gpucr/trash')).json();
+    expect(trash.map((t: any) => [t.kernel_id, t.reason])).toContainEqual([
+      kernelId,
+      'restart'
+    ]);
   });
 });

@@ -225,6 +225,61 @@ describe('transitionNotice', () => {
       'doctor'
     ]);
   });
+  it('says a failed restore\'s cause first and offers only what can work', () => {
+    const suspended = kernel({ state: 'suspended', checkpoint: CHECKPOINT });
+    const damaged = transitionNotice(
+      kernel({ state: 'restoring' }),
+      kernel({
+        state: 'suspended',
+        checkpoint: CHECKPOINT,
+        error:
+          'Checkpoint 590a9737-4c1e-4e55-9c2f-0e0d1f2a3b4c-20261130-181642-aaf3e3 is damaged: pages-1.img: checksum mismatch.',
+        summary: 'The saved state is damaged',
+        retryable: false
+      }),
+      label
+    );
+    assert.equal(
+      damaged!.message,
+      'The saved state is damaged. Train.ipynb was not restored.'
+    );
+    assert.deepEqual(damaged!.actions, ['details', 'start-fresh']);
+    const port = transitionNotice(
+      kernel({ state: 'restoring' }),
+      {
+        ...suspended,
+        kind: 'gpu',
+        error: "CRIU could not restore '590a9737': 11709: Error (criu/sk-inet.c:1): Can't bind inet socket",
+        summary: 'Port 43463 is used by PID 22484',
+        retryable: true
+      },
+      label,
+      { gpus: 2 }
+    );
+    assert.equal(
+      port!.message,
+      'Port 43463 is used by PID 22484. Train.ipynb was not restored; its saved state is kept.'
+    );
+    assert.deepEqual(port!.actions, [
+      'details',
+      'retry-resume',
+      'resume-other-gpu',
+      'start-fresh'
+    ]);
+    // One GPU, or a CPU kernel: no GPU to choose.
+    for (const [kind, gpus] of [
+      ['gpu', 1],
+      ['cpu', 2]
+    ] as const) {
+      const n = transitionNotice(
+        kernel({ state: 'restoring' }),
+        { ...suspended, kind, error: 'failed', retryable: true },
+        label,
+        { gpus }
+      );
+      assert.deepEqual(n!.actions, ['details', 'retry-resume', 'start-fresh']);
+    }
+  });
   it('fits every message in a toast', () => {
     const long = 'x'.repeat(400);
     const n = transitionNotice(
@@ -295,13 +350,9 @@ describe('transitionNotice', () => {
     assert.equal(n?.type, 'error');
     assert.equal(
       n!.message,
-      'Restore of Train.ipynb failed; its saved state is kept. no GPU with 80 GiB free.'
+      'No GPU with 80 GiB free. Train.ipynb was not restored; its saved state is kept.'
     );
-    assert.deepEqual(n!.actions, [
-      'details',
-      'retry-resume',
-      'resume-other-gpu'
-    ]);
+    assert.deepEqual(n!.actions, ['details', 'retry-resume', 'start-fresh']);
   });
   it('does not repeat the same error', () => {
     const failed = kernel({ error: 'boom' });
