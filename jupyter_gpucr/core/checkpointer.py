@@ -30,6 +30,7 @@ from . import cuda, gpus, hugepages, netns, nodecompat, openfiles, pagefill
 from .checksums import DigestWhileWriting
 from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, drop_network_locks, dump_stats, explain_log
 from .errors import (
+    AddressInUseError,
     BusyError,
     CheckpointDamagedError,
     EngineError,
@@ -45,6 +46,7 @@ from .fork import inherit_args
 from .images import read_image
 from .launcher import Started, start_holder
 from .locks import exclusive
+from .portholders import sockets_on
 from .privileges import check_privileges
 from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
@@ -600,11 +602,14 @@ class Checkpointer:
             if attempt == 0 and (_rewind_grown_log(failure.raw, d) or _unix_name_still_held(failure.raw)):
                 continue
             holders = _port_holders(images, failure.raw)
-            raise EngineError(f"CRIU could not restore {name!r}: {failure.line}"
-                              + "".join(f" Port {port} ({ip}), which the process had bound, is now held by {who}."
-                                        for port, ip, who, _pid in holders),
-                              f"{failure.hint} The checkpoint is kept; you can retry.",
-                              summary=_restore_summary(failure.summary, holders))
+            # an address taken is a conflict a retry resolves once its holder let it go
+            error = AddressInUseError if "Address already in use" in failure.raw else EngineError
+            raise error(f"CRIU could not restore {name!r}: {failure.line}"
+                        + "".join(f" Port {port} ({ip}), which the process had bound, is now held by {who}." if who
+                                  else f" A recent connection on port {port} is still closing (TIME_WAIT); retry in a minute."
+                                  for port, ip, who, _pid in holders),
+                        _port_hint(holders) or f"{failure.hint} The checkpoint is kept; you can retry.",
+                        summary=_restore_summary(failure.summary, holders))
         raise AssertionError("unreachable")
 
     def await_pages(self, name: str, timeout: float = PAGES_WAIT) -> None:
@@ -720,34 +725,62 @@ def _continue(started: Started) -> None:
 
 def _port_holders(images: Path, line: str) -> list[tuple[int, str, str, int | None]]:
     """For a restore that found a port of the process taken: which (port, address), by whom (in
-    words, and the PID when known); root sees every process's sockets, a user's server its own."""
+    words, and the PID when known); root sees every process's sockets, a user's server its own.
+
+    Any socket whose own port is one the process had counts, in any state: listening, bound only,
+    connected (``portholders``). A closed connection's TIME_WAIT leftover has no process: it is
+    named (``who`` "") only for a port nothing else holds. This process's own sockets are left
+    out: a server holds a suspended kernel's ports with SO_REUSEPORT, beside which CRIU binds."""
     if "Address already in use" not in line:
         return []
     try:
         ports = {s.port for s in read_image(images).inet if s.port}
-        holders = [c for c in psutil.net_connections("inet") if c.laddr and c.laddr.port in ports
-                   and c.status in (psutil.CONN_LISTEN, psutil.CONN_NONE)]
+        holders = [h for h in sockets_on(ports) if h.pid != os.getpid()]
     except (GPUCRError, psutil.Error, OSError):
         return []
     said = set()
-    for c in holders:
+    closing = {}
+    for h in holders:
+        if h.state == "TIME_WAIT":
+            closing[h.port] = h.ip
+            continue
         try:
-            proc = psutil.Process(c.pid) if c.pid else None
+            proc = psutil.Process(h.pid) if h.pid else None
             who = f"PID {proc.pid} of {proc.username()} (uid {proc.uids().real})" if proc else "a process not visible here"
         except psutil.Error:
-            who = f"PID {c.pid}"
-        said.add((c.laddr.port, c.laddr.ip, who, c.pid or None))
+            who = f"PID {h.pid}"
+        if h.state == "LISTEN":
+            what = ""
+        elif h.peer:
+            what = f", in its connection to {h.peer[0]}:{h.peer[1]}"
+        else:
+            what = ", bound, not listening"
+        said.add((h.port, h.ip, who + what, h.pid))
+    taken = {h[0] for h in said}
+    said |= {(port, ip, "", None) for port, ip in closing.items() if port not in taken}
     return sorted(said, key=lambda h: (h[0], h[1], h[2]))
+
+
+def _port_hint(holders: list[tuple[int, str, str, int | None]]) -> str:
+    """What to do about the holders :func:`_port_holders` found ("" for none)."""
+    if not holders:
+        return ""
+    if all(not who for _port, _ip, who, _pid in holders):
+        return "Retry in a minute, once the closed connection is gone. The checkpoint is kept."
+    return "Stop that process, or wait until it lets the port go, then retry. The checkpoint is kept."
 
 
 def _restore_summary(summary: str, holders: list[tuple[int, str, str, int | None]]) -> str:
     """A failed restore's cause in plain words: the port and its holder when a port was taken
     ("Port 43463 is used by PID 22484"), else what the CRIU log said, else that it failed."""
     if holders:
-        port, _ip, _who, pid = holders[0]
+        port, _ip, who, pid = holders[0]
         more = f" (and {len(holders) - 1} more)" if len(holders) > 1 else ""
+        if not who:
+            return f"A recent connection on port {port} is still closing" + more
         return f"Port {port} is used by " + (f"PID {pid}" if pid else "another process") + more
     return summary or "The kernel's process could not be recreated"
+
 
 class _ChangedWhileFilled(Exception):
     """A restored tree forked or moved memory while it ran and its memory was filled (which the

@@ -87,6 +87,14 @@ class EngineError(GPUCRError):
     status = 500
 
 
+class AddressInUseError(EngineError):
+    """A restore found a port (or UNIX socket name) the process had bound taken by another socket;
+    the message names its holder where it can. Nothing was started and the checkpoint is kept: a
+    retry once the holder let it go succeeds, hence a conflict, not a failure of the engine."""
+
+    status = 409
+
+
 class PutBackError(EngineError):
     """A checkpoint could not be finished, and the process was restored from its images: it runs
     again, under a new host PID (``started``), which whoever tracked the old one must adopt."""

@@ -126,6 +126,14 @@ class GPUCR(Configurable):
         "Everything else clients send on their own (kernel_info, history, comm_info, debug, usage requests) "
         "is answered from what was saved at suspend time, without restoring.",
     )
+    restore_keepalive_s = Float(
+        2.0, min=0.1, config=True,
+        help="While a restore runs, every client waiting for it hears 'status: busy' (with its request as parent) "
+        "at once and again every this many seconds, until the kernel runs its request: clients that give up when "
+        "no message comes for a while (ag2's executor after its 'timeout', jupyter_client's get_iopub_msg) keep "
+        "waiting instead of reporting a timeout for code that then runs. 2 s stays well under the shortest such "
+        "timeouts agents use (5 s) on a loaded host, for one small message per waiting request.",
+    )
     suspend_on_stop = Bool(
         True, config=True,
         help="On server stop (SIGTERM, e.g. JupyterHub culling the server), suspend every kernel "

@@ -21,9 +21,11 @@ is), and jupyter_server reads nothing from a websocket until its nudge of the ke
 answered. A suspend that begins while a connection is still being opened ends that nudge.
 
 While a restore runs, a ``kernel_info_request`` is answered at once from what was saved, every
-other request's client hears ``busy`` for it at once and again every :attr:`PROGRESS_S` seconds
-(client libraries time out between two messages: autogen-ext after 60 s), and an interrupt
-cancels the requests waiting for the restore (each is answered as interrupted), not the restore.
+other request's client hears ``busy`` for it (a status whose parent is that request, as the kernel's
+own first message for it) at once and again every ``c.GPUCR.restore_keepalive_s`` seconds until the
+request reaches the kernel (client libraries time out between two messages: ag2's executor after
+its ``timeout``, autogen-ext after 60 s), and an interrupt cancels the requests waiting for the
+restore (each is answered as interrupted), not the restore.
 
 During a restore the client is told ``busy``, never ``restarting``: JupyterLab answers
 ``restarting`` by disposing of every pending request (services/src/kernel/default.ts), which
@@ -88,8 +90,6 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     _connecting: asyncio.Future[None] | None = None  # the live connection's nudge, while it runs
     _reconnecting = False  # wake() is making the live connection; it delivers what arrives meanwhile
     _closed = False
-    #: seconds between two ``busy`` statuses a waiting request's client hears while a restore runs
-    PROGRESS_S = 15.0
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -288,8 +288,10 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         return False
 
     async def _busy_while_restoring(self) -> None:
+        """Say ``busy`` again for each request still queued (not yet handed to the kernel, whose own
+        ``busy`` comes first for it), so clients that wait for any message keep waiting."""
         while True:
-            await asyncio.sleep(self.PROGRESS_S)
+            await asyncio.sleep(self.suspender.options.restore_keepalive_s)
             for msg in self._queue:
                 parsed = parse_ws_message(msg, self.subprotocol, self.session)
                 if parsed is not None and parsed[1].get("msg_type", "").endswith("_request"):
@@ -306,8 +308,9 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             self.log.exception("gpucr: restore of kernel %s failed", self.kernel_id)
             self._fail_queue(GPUCRError(f"Restoring the kernel failed: {e}", "The checkpoint is kept; try again."))
         else:
-            progress.cancel()
-            await self.wake()  # the restore woke every connection already; this one for sure
+            # the restore woke every connection already; this one for sure. Until the queue is
+            # handed to the kernel the keepalive goes on (it never speaks for a delivered request)
+            await self.wake()
         finally:
             progress.cancel()
             self._waking = None

@@ -206,7 +206,7 @@ def test_a_victims_port_taken_by_another_user_is_named_and_the_checkpoint_kept(d
     try:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "bound"
         answer = call(daemon, VICTIM, "restore", name="listener")
-        assert answer.get("error") == "EngineError", answer
+        assert answer.get("error") == "AddressInUseError", answer
         assert f"Port {port} (127.0.0.1), which the process had bound, is now held by PID" in answer["message"]
         assert f"of {ATTACKER} (uid {pwd.getpwnam(ATTACKER).pw_uid})" in answer["message"]
         assert "The checkpoint is kept" in answer["message"]
@@ -334,7 +334,7 @@ def test_a_restore_never_joins_a_root_services_reuseport_group(daemon: H.Daemon)
     service.listen(64)
     try:
         answer = call(daemon, ATTACKER, "restore", name="reuse")
-        assert answer.get("error") == "EngineError", answer
+        assert answer.get("error") == "AddressInUseError", answer
         assert f"Port {port} (127.0.0.1), which the process had bound, is now held by PID {os.getpid()}" in answer["message"]
         assert "of root (uid 0)" in answer["message"] and "The checkpoint is kept" in answer["message"]
         clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
