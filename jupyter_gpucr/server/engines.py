@@ -32,7 +32,7 @@ from . import kernel_rpc
 from .backend import Backend
 from .kernel_rpc import SNAPSHOT_PAYLOAD
 from .loopstep import LoopStep
-from .ports import MANIFEST_KEY, HeldPorts
+from .ports import HeldPorts
 from .provisioner import GPUCRProvisioner
 
 if TYPE_CHECKING:
@@ -105,12 +105,14 @@ class CriuEngine(SuspendEngine):
 
     async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
                       detach: Detach) -> Checkpoint:
-        held = self.ports.take(kernel_id, km.provisioner.kernel_pid, km.ip, km.ports) if km.transport == "tcp" else []
+        channels = {c: getattr(km, f"{c}_port") for c in ("shell", "iopub", "stdin", "hb", "control")}
+        held = self.ports.take(kernel_id, km.provisioner.kernel_pid, km.ip, channels) if km.transport == "tcp" else {}
         try:
-            ckpt = await self._dump(kernel_id, km, reason, {**extra, MANIFEST_KEY: held}, progress, detach)
+            ckpt = await self._dump(kernel_id, km, reason, {**extra, **held}, progress, detach)
         except BaseException:  # the kernel runs (or was restored anew): its own sockets hold its ports
             self.ports.release(kernel_id)
             raise
+        self.ports.watch(kernel_id)
         km.provisioner.mark_suspended()
         await km.provisioner.cleanup(restart=True)
         return ckpt
@@ -151,7 +153,7 @@ class CriuEngine(SuspendEngine):
         try:
             running = await asyncio.to_thread(self.checkpointer.restore, kernel_id, gpu, ckpt.id, restoring, False,
                                               _offloaded_by_gpu(ckpt, tensors) if offloaded else None)
-            self.ports.release(kernel_id)  # the restored kernel's own sockets are bound beside them
+            self.ports.hand_over(kernel_id)  # the restored kernel's own sockets are bound beside them
             km.provisioner.adopt(running.started)
             await kernel_rpc.follow_moved_history(km, running.relocated)
             if offloaded:  # a GPU kernel: restored eagerly, its memory is all there

@@ -1,4 +1,5 @@
-"""The listening ports of this server's kernels while they are on disk.
+"""The listening ports of this server's kernels while they are on disk, and what a client's
+connection to them means.
 
 A kernel's ZeroMQ ports come from the system's ephemeral range: while it is suspended, a process
 that took one (an outgoing connection, a server asking for any free port) would make its restore
@@ -9,70 +10,181 @@ open, bound and listening in the server; nobody else can bind the port (only a s
 owner that asks for ``SO_REUSEPORT`` could, as CRIU's restore does, beside it). Once the restore
 has bound the kernel's own sockets, the server's close. The manifest names the ports held, so a
 server started later on the same store binds them anew while it lists the kernel (``bind_anew``,
-``SO_REUSEPORT`` too, the same owner: root) and holds them until the restore: bound, not listening,
-so that when several servers share the store and one of them restores the kernel, the others'
-sockets take none of its connections.
+``SO_REUSEPORT`` too, the same owner: root) and holds them until the restore.
 
-Only where the server runs CRIU itself: through the gpucr daemon, CRIU restores as root beside
-the user's sockets, which the kernel refuses (``daemon/heldports.py`` lends a waker's).
+A client that connects by the kernel's connection file (``jupyter console --existing``, a
+``BlockingKernelClient``) lands in the queue of a held socket. A connection to the shell, control
+or stdin port is intent to use the kernel: it wakes it (``on_intent``). The heartbeat and iopub
+ports do not (a monitor's heartbeat, a subscriber). The waiting connections are reset when the held
+sockets close after the restore; ZeroMQ reconnects, to the restored kernel, and sends what it
+queued, so the first request is answered, not lost.
+
+A kernel listed from object storage may be listed by several servers at once; there the held
+sockets only reserve the ports (bound, not listening), so that no server's queue takes connections
+meant for the kernel another server restored. Such a kernel is woken through its server.
+
+Only where the server runs CRIU itself (through the gpucr daemon, the kernel's CRIU runs as the
+user, and the server's sockets are not the kernel's).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.activation import WakeOn, bind_anew, find_listeners, hold
+import zmq
+
+from ..core.activation import WakeOn, bind_anew, find_listeners, hold, steer_to_restored
 from ..core.store import Checkpoint
+from .heartbeat import HeartbeatEcho
 
 #: The manifest's list of the addresses held while the kernel is on disk (``tcp:HOST:PORT``).
 MANIFEST_KEY = "held_ports"
+#: The manifest's map of those addresses to the kernel's channels (``shell``, ``hb``, ...).
+CHANNELS_KEY = "held_channels"
+#: How long the held sockets of the waking channels outlive the others at a hand-over (ZeroMQ
+#: reconnects after 0.1 s by default).
+HAND_OVER_S = 0.5
+#: The channels whose connection wakes the kernel (not ``hb``, not ``iopub``: see the module docstring).
+WAKING = ("shell", "control", "stdin")
+
+
+@dataclass
+class _Holding:
+    """What the server holds for one kernel on disk."""
+
+    sockets: dict[WakeOn, socket.socket]
+    channels: dict[WakeOn, str]
+    watched: list[int] = field(default_factory=list)
+    echo: HeartbeatEcho | None = None
 
 
 class HeldPorts:
-    """The sockets this server holds for its kernels on disk, by kernel id; see the module docstring."""
+    """The sockets this server holds for its kernels on disk, by kernel id; see the module docstring.
+    ``listen_anew``: whether ports bound anew (a kernel listed by a later server) listen, and so
+    wake the kernel. ``on_intent``: called with a kernel id when a client connects to a port that
+    wakes it (once per holding)."""
 
-    def __init__(self, enabled: bool, log: Any) -> None:
+    def __init__(self, enabled: bool, log: Any, listen_anew: bool = True) -> None:
         self.enabled = enabled
         self.log = log
-        self._held: dict[str, list[socket.socket]] = {}
+        self.listen_anew = listen_anew
+        self.on_intent: Callable[[str], None] | None = None
+        self._held: dict[str, _Holding] = {}
 
-    def take(self, kernel_id: str, pid: int | None, ip: str, ports: list[int]) -> list[str]:
-        """Before the dump: hold the listening sockets on ``ports`` of the tree at ``pid`` (made
-        ``SO_REUSEPORT``, which the dump records); the addresses held, for the manifest."""
+    def take(self, kernel_id: str, pid: int | None, ip: str, channels: dict[str, int]) -> dict[str, Any]:
+        """Before the dump: hold the listening sockets on the ports of ``channels`` of the tree at
+        ``pid`` (made ``SO_REUSEPORT``, which the dump records); for the manifest, the addresses held
+        and their channels. :meth:`watch` starts waking on them once the kernel is on disk."""
         if not self.enabled or not pid:
-            return []
-        wanted = [WakeOn("tcp", host=ip, port=p) for p in ports if p]
+            return {}
+        named = {WakeOn("tcp", host=ip, port=port): channel for channel, port in channels.items() if port}
         try:
-            found = find_listeners(pid, wanted)
+            found = find_listeners(pid, list(named))
             held = {w: hold(p, fd, w) for w, (p, fd) in found.items()}
         except OSError as e:  # the kernel exited meanwhile: its suspend says so
             self.log.warning("gpucr: the ports of kernel %s are not held while it is on disk: %s", kernel_id, e)
-            return []
-        self._keep(kernel_id, list(held.values()))
-        return [str(w) for w in held]
+            return {}
+        self._keep(kernel_id, _Holding(held, {w: named[w] for w in held}))
+        return {MANIFEST_KEY: [str(w) for w in held], CHANNELS_KEY: {str(w): named[w] for w in held}}
+
+    def watch(self, kernel_id: str) -> None:
+        """The kernel is on disk: a connection to one of its waking ports wakes it, and its
+        heartbeat is answered (see ``heartbeat.py``)."""
+        holding = self._held.get(kernel_id)
+        if holding is None or holding.watched:
+            return
+        loop = asyncio.get_running_loop()
+        for w, s in holding.sockets.items():
+            channel = holding.channels.get(w)
+            if channel in WAKING:
+                loop.add_reader(s.fileno(), self._connected, kernel_id)
+                holding.watched.append(s.fileno())
+            elif channel == "hb" and holding.echo is None:
+                try:
+                    holding.echo = HeartbeatEcho(s, w.host, w.port)
+                except zmq.ZMQError as e:
+                    self.log.warning("gpucr: the heartbeat of kernel %s on disk is not answered: %s", kernel_id, e)
 
     def hold_anew(self, kernel_id: str, ckpt: Checkpoint) -> None:
         """A kernel listed on disk (by a later server, or again): bind the ports its manifest
-        names, unless they are held already. One that is taken meanwhile is left to the restore,
-        which names who holds it."""
+        names, unless they are held already, and watch them. One that is taken meanwhile is left
+        to the restore, which names who holds it."""
         if not self.enabled or kernel_id in self._held:
             return
-        held = []
+        held: dict[WakeOn, socket.socket] = {}
+        recorded = ckpt.manifest.get(CHANNELS_KEY)
+        channels: dict[str, str] = recorded if isinstance(recorded, dict) and self.listen_anew else {}
         for address in ckpt.manifest.get(MANIFEST_KEY) or []:
+            w = WakeOn.parse(address)
             try:
-                held.append(bind_anew(WakeOn.parse(address), listen=False))
+                held[w] = bind_anew(w, listen=self.listen_anew)
             except OSError as e:
                 self.log.warning("gpucr: port %s of kernel %s on disk cannot be held: %s", address, kernel_id, e)
-        self._keep(kernel_id, held)
+        self._keep(kernel_id, _Holding(held, {w: channels[str(w)] for w in held if str(w) in channels}))
+        self.watch(kernel_id)
+
+    def hand_over(self, kernel_id: str) -> None:
+        """The restore has bound the kernel's own sockets beside the held ones: new connections go
+        to the kernel's from now on; the held sockets close, those of the waking channels
+        ``HAND_OVER_S`` later, so that a client waiting in their queues reconnects its iopub
+        subscription before its request reaches the kernel (else the request's output, published
+        before the subscriber is back, would be lost to it)."""
+        holding = self._held.pop(kernel_id, None)
+        if holding is None:
+            return
+        self._unwatch(holding)
+        if holding.echo is not None:
+            holding.echo.stop()
+        later = []
+        for w, s in holding.sockets.items():
+            with contextlib.suppress(OSError):
+                steer_to_restored(s)
+            if holding.channels.get(w) in WAKING:
+                later.append(s)
+            else:
+                s.close()
+        if later:
+            asyncio.get_running_loop().call_later(HAND_OVER_S, _close_all, later)
 
     def release(self, kernel_id: str) -> None:
-        """The kernel's own sockets are bound again (restored), or it is gone: let its ports go."""
-        for s in self._held.pop(kernel_id, []):
+        """The kernel's own sockets are bound again (restored), or it is gone: let its ports go
+        (a client waiting in their queues is reset, and reconnects to the kernel)."""
+        holding = self._held.pop(kernel_id, None)
+        if holding is None:
+            return
+        self._unwatch(holding)
+        if holding.echo is not None:
+            holding.echo.stop()
+        for s in holding.sockets.values():
             with contextlib.suppress(OSError):
                 s.close()
 
-    def _keep(self, kernel_id: str, held: list[socket.socket]) -> None:
+    def _connected(self, kernel_id: str) -> None:
+        holding = self._held.get(kernel_id)
+        if holding is not None:
+            self._unwatch(holding)  # once: the connection stays queued until the restore
+        if self.on_intent is not None:
+            self.on_intent(kernel_id)
+
+    @staticmethod
+    def _unwatch(holding: _Holding) -> None:
+        if holding.watched:
+            loop = asyncio.get_running_loop()
+            for fd in holding.watched:
+                loop.remove_reader(fd)
+            holding.watched.clear()
+
+    def _keep(self, kernel_id: str, holding: _Holding) -> None:
         self.release(kernel_id)
-        if held:
-            self._held[kernel_id] = held
+        if holding.sockets:
+            self._held[kernel_id] = holding
+
+
+def _close_all(sockets: list[socket.socket]) -> None:
+    for s in sockets:
+        with contextlib.suppress(OSError):
+            s.close()

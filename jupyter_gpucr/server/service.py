@@ -101,6 +101,8 @@ class KernelSuspender:
                                     config.max_bucket_bytes or None) if remote else None
         if self.remote:
             self.remote.stream_from(self.checkpointer, (OFFLOAD_DIR, portable.PORTABLE_DIR))
+        self.ports.listen_anew = self.remote is None  # several servers may list a kernel of object storage
+        self.ports.on_intent = self._connected_while_on_disk
         self.prefetcher = Prefetcher(store, config, log)
         self.trash = Trash(config, self.checkpointer, kernel_manager, lifecycle, self.remote, log)
         self.relister = Relister(self.checkpointer, kernel_manager, lifecycle, self.saved, self.remote, self.ports, log)
@@ -442,6 +444,19 @@ class KernelSuspender:
             if not settled.done():
                 self._in_background(self._until_settled(kernel_id, settled))
             return st
+
+    def _connected_while_on_disk(self, kernel_id: str) -> None:
+        """A client connected to a suspended kernel's shell, control or stdin port (by its
+        connection file: ``jupyter console --existing``): restore it; the request it sends is
+        answered once the kernel is back (see ``ports.py``)."""
+        if kernel_id in self.kernel_manager and self.lifecycle.state_of(kernel_id) == SUSPENDED:
+            self._in_background(self._wake_for_connection(kernel_id))
+
+    async def _wake_for_connection(self, kernel_id: str) -> None:
+        try:
+            await self.resume(kernel_id)
+        except GPUCRError as e:  # the kernel stays on disk, its failure shown where the UI shows failures
+            self.log.warning("gpucr: kernel %s, asked for through its ports, was not restored: %s", kernel_id, e)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` without waiting for it; the task is kept referenced until it ends."""

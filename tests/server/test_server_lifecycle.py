@@ -3,7 +3,6 @@ started again on the same store (what JupyterHub does to an idle single-user ser
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import signal
@@ -201,12 +200,6 @@ def bind_elsewhere(port: int) -> str:
     return out.stdout.strip()
 
 
-def connect_refused(port: int) -> bool:
-    """Whether a TCP connection to ``port`` is refused (no listening socket takes it)."""
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == errno.ECONNREFUSED
-
-
 async def test_a_suspended_kernels_ports_are_held_by_this_server_and_the_next(tmp_path):
     """While the kernel is on disk no other process binds its ports, in the server that suspended
     it and in the next one on the same store (the restore binds them all the same)."""
@@ -235,9 +228,6 @@ async def test_a_suspended_kernels_ports_are_held_by_this_server_and_the_next(tm
         await second.wait_ready()
         await second.wait_listed(kid)
         assert [bind_elsewhere(p) for p in ports] == ["EADDRINUSE"] * 5
-        # Held, not listening: with several servers on one store, a kernel restored by one of
-        # them must not lose connections to another's queue (a GCS test hung on exactly that).
-        assert [connect_refused(p) for p in ports] == [True] * 5
         ws = await second.ws(kid)
         _, out, _ = await execute(ws, "print(x + 1)")
         assert out == "43\n"
