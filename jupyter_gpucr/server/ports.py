@@ -13,9 +13,10 @@ server started later on the same store binds them anew while it lists the kernel
 ``SO_REUSEPORT`` too, the same owner: root) and holds them until the restore.
 
 A client that connects by the kernel's connection file (``jupyter console --existing``, a
-``BlockingKernelClient``) lands in the queue of a held socket. A connection to the shell, control
-or stdin port is intent to use the kernel: it wakes it (``on_intent``). The heartbeat and iopub
-ports do not (a monitor's heartbeat, a subscriber). The waiting connections are reset when the held
+``BlockingKernelClient``) lands in the queue of a held socket. A connection to the shell or stdin
+port is intent to use the kernel: it wakes it (``on_intent``). The heartbeat, iopub and control
+ports do not: a monitor's heartbeat, a subscriber, and a monitor's usage requests (jupyter-resource-
+usage polls the control port every few seconds) wait for the kernel's next use. The waiting connections are reset when the held
 sockets close after the restore; ZeroMQ reconnects, to the restored kernel, and sends what it
 queued, so the first request is answered, not lost.
 
@@ -49,7 +50,7 @@ CHANNELS_KEY = "held_channels"
 #: reconnects after 0.1 s by default).
 HAND_OVER_S = 0.5
 #: The channels whose connection wakes the kernel (not ``hb``, not ``iopub``: see the module docstring).
-WAKING = ("shell", "control", "stdin")
+WAKING = ("shell", "stdin")
 
 
 @dataclass

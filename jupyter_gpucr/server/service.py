@@ -446,7 +446,7 @@ class KernelSuspender:
             return st
 
     def _connected_while_on_disk(self, kernel_id: str) -> None:
-        """A client connected to a suspended kernel's shell, control or stdin port (by its
+        """A client connected to a suspended kernel's shell or stdin port (by its
         connection file: ``jupyter console --existing``): restore it; the request it sends is
         answered once the kernel is back (see ``ports.py``)."""
         if kernel_id in self.kernel_manager and self.lifecycle.state_of(kernel_id) == SUSPENDED:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -59,7 +60,9 @@ async def test_clients_of_the_connection_file_wake_the_kernel_and_are_answered(t
         info = json.loads(connection_file.read_text())
         await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
 
-        # A monitor: its heartbeat is answered, its subscription waits; neither wakes the kernel.
+        # A monitor: its heartbeat is answered, its subscription and its connection to the control
+        # port (jupyter-resource-usage's usage requests) wait; none of them wakes the kernel.
+        control = socket.create_connection((info["ip"], info["control_port"]), timeout=5)
         context = zmq.Context()
         hb = context.socket(zmq.REQ)
         hb.connect(f"tcp://{info['ip']}:{info['hb_port']}")
@@ -70,6 +73,7 @@ async def test_clients_of_the_connection_file_wake_the_kernel_and_are_answered(t
         await asyncio.sleep(1.5)
         assert await state(server, kid) == "suspended"
         context.destroy(linger=0)
+        control.close()
 
         # jupyter run --existing: waits for the heartbeat and kernel_info, then runs the file.
         script = tmp_path / "script.py"
