@@ -24,7 +24,7 @@ def doctor(store: str | None, criu_path: str | None) -> tuple[DoctorReport, str]
     (else the default socket), as a JupyterHub user's server would ask."""
     daemon = DaemonClient(os.environ.get("GPUCR_DAEMON_SOCKET") or DEFAULT_SOCKET)
     rep: DoctorReport = {**report(run_checks(Store(store), criu_path, daemon)), "memory": _memory()}
-    lines = [_line(c["ok"], c["required"], c["name"], c["detail"], c["fix"]) for c in rep["checks"]]
+    lines = [_line(c["severity"], c["name"], c["detail"], c["fix"]) for c in rep["checks"]]
     return rep, "\n".join([*lines, *memory_lines(rep["memory"])])
 
 
@@ -41,6 +41,8 @@ def _memory() -> MemorySection:
     return memory_section(gpus.list_gpus(), room, server, not_asked)
 
 
-def _line(ok: bool, required: bool, name: str, detail: str, fix: str) -> str:
-    mark = "OK" if ok else ("NO" if required else "--")
-    return f"{mark:3} {name:24} {detail}" + (f"\n    fix: {fix}" if fix and not ok else "")
+def _line(severity: str, name: str, detail: str, fix: str) -> str:
+    """``OK``; ``--`` a note (suspend and restore work), with its advice; ``NO`` a failure, with its fix."""
+    mark = {"ok": "OK", "note": "--"}.get(severity, "NO")
+    advice = {"note": "note", "fail": "fix"}.get(severity)
+    return f"{mark:3} {name:24} {detail}" + (f"\n    {advice}: {fix}" if fix and advice else "")

@@ -63,6 +63,9 @@ RESTORE_TIMEOUT = 3600.0
 KEPT_GROWTH = 64 << 20
 # How long a checkpoint waits for the memory of a lazy restore of the same process to be all in.
 PAGES_WAIT = 300.0
+#: How long a remove waits for the operation under way on the process (an idle checkpoint, a
+#: restore) to finish: about the longest a checkpoint of a large GPU process takes.
+REMOVE_WAIT = 600.0
 # How long a suspended process keeps CRIU's network lock: its TCP peers' packets are dropped, not
 # answered with a reset, so a peer retransmits until the restore. Linux gives up retransmitting
 # after about 15 min (tcp_retries2), and a host holds at most 1024 locks (criu.NETWORK_LOCKS_MAX).
@@ -693,14 +696,17 @@ class Checkpointer:
     def list(self) -> list[dict[str, Any]]:
         return [self.status(n) for n in self.store.proc_names()]
 
-    def remove(self, target: str, kill: bool = False) -> builtins.list[str]:
-        """Remove a checkpoint id, or a name with all its checkpoints (a running one only with ``kill``)."""
+    def remove(self, target: str, kill: bool = False, wait_s: float = REMOVE_WAIT) -> builtins.list[str]:
+        """Remove a checkpoint id, or a name with all its checkpoints (a running one only with ``kill``).
+        An operation under way on the process (an idle checkpoint) is waited for, up to ``wait_s``."""
         if not self.store.has_proc(target) and (self.store.checkpoints_root / target).exists():
             self.store.delete(target)
             return [target]
-        name, rec = target, self.store.read_proc(target)
+        name = target
+        self.store.read_proc(name)  # no such name: NotFoundError before anything else
         d = self.store.proc_dir(name)
-        with exclusive(d, name, "remove"):
+        with exclusive(d, name, "remove", wait_s=wait_s):
+            rec = self.store.read_proc(name)  # as the operation waited for left it (checkpointed: no process)
             if self._state(rec) == "running":
                 if not kill:
                     raise StateError(f"{name!r} is running as PID {rec['pid']}.",

@@ -15,7 +15,12 @@ from .criu import NETWORK_LOCKS_MAX, Criu, network_locks_held
 from .errors import GPUCRError
 from .hostmemory import free_page_reporting
 from .privileges import Check, check_privileges
+from .sizes import human
 from .store import Store
+
+#: Below this much free disk in the store hardly any checkpoint fits (each keeps 64 MiB spare): a
+#: failure; below 1 GiB, a note (small processes are checkpointed, larger ones refused).
+STORE_DISK_FAIL = 128 << 20
 
 
 class DaemonProbe(Protocol):
@@ -32,6 +37,7 @@ class CheckRow(TypedDict):
     detail: str
     fix: str
     required: bool
+    severity: str  # ok, note (to know; suspend and restore work) or fail (only these make the report not ok)
 
 
 class Report(TypedDict):
@@ -74,8 +80,8 @@ def _check_criu(criu_path: str | None) -> list[Check]:
 def _check_gpu() -> list[Check]:
     driver = gpus.driver_version()
     if driver is None:
-        return [Check("nvidia driver", False, "no NVIDIA driver or GPU (NVML did not initialise)",
-                      "Only CPU processes can be checkpointed here.", required=False)]
+        return [Check("nvidia driver", False, "no NVIDIA driver or GPU (NVML did not initialise): "
+                      "CPU processes are checkpointed as usual", required=False)]
     major = int(driver.split(".")[0])
     checks = [
         Check("nvidia driver", True, f"driver {driver}"),
@@ -97,30 +103,45 @@ def _check_gpu() -> list[Check]:
     return checks
 
 
-def _check_engine(daemon: DaemonProbe | None) -> Check:
-    """Which engine a server started by this user gets, and why (the server decides the same way)."""
+def _check_engine(daemon: DaemonProbe | None) -> tuple[Check, bool]:
+    """Which engine a server started by this user gets, and why (the server decides the same way,
+    ``server.backend.choose_backend``); and whether that is the daemon."""
     privileges = check_privileges()
     if privileges.ok:
-        return Check("engine", True, "whole process: this user may run CRIU itself")
+        return Check("engine", True, "whole process: this user may run CRIU itself"), False
     reason = daemon.unavailable_reason() if daemon else "no daemon configured"
     if daemon and reason is None:
-        return Check("engine", True, f"whole process through the gpucr daemon at {daemon.socket_path}")
+        return Check("engine", True, f"whole process through the gpucr daemon at {daemon.socket_path}"), True
     return Check("engine", False, f"snapshot only: not root, no checkpoint capabilities, and {reason}",
-                 "Ask the administrator to run gpucr-daemon (docs/jupyterhub.md), or run as root.", required=False)
+                 "Ask the administrator to run gpucr-daemon (docs/jupyterhub.md), or run as root.", required=False), False
+
+
+#: The checks of this user's own CRIU and privileges: where the daemon runs CRIU they do not apply.
+OWN_CRIU_CHECKS = ("criu", "criu check", "userfaultfd", "privileges")
+
+
+def _not_needed(name: str, daemon: DaemonProbe) -> Check:
+    return Check(name, True, f"not needed: the gpucr daemon at {daemon.socket_path} runs CRIU for this user")
 
 
 def run_checks(store: Store, criu_path: str | None, daemon: DaemonProbe | None) -> list[Check]:
     """Every check, required ones first; ``daemon``: the gpucr daemon a server would ask (None: none configured)."""
-    checks = _check_criu(criu_path) + [check_privileges(), _check_engine(daemon)]
+    engine, through_daemon = _check_engine(daemon)
+    if through_daemon and daemon is not None:
+        own = [_not_needed(name, daemon) for name in OWN_CRIU_CHECKS]
+    else:
+        own = _check_criu(criu_path) + [check_privileges()]
+    checks = [*own, engine]
     for tool in ("unshare", "nsenter"):
         path = shutil.which(tool)
         checks.append(Check(tool, bool(path), path or "missing", "" if path else "Install util-linux."))
     checks += _check_gpu()
     free = store.free_bytes()
-    checks.append(Check("store disk", free > 1 << 30, f"{free >> 30} GiB free in {store.root}",
-                        "" if free > 1 << 30 else "Free disk or set GPUCR_STORE to a larger disk."))
+    checks.append(Check("store disk", free > 1 << 30, f"{human(free)} free in {store.root}",
+                        "" if free > 1 << 30 else "Checkpoints larger than that are refused (the process keeps "
+                        "running): free disk or set GPUCR_STORE to a larger disk.", required=free < STORE_DISK_FAIL))
     avail = psutil.virtual_memory().available
-    checks.append(Check("host memory", True, f"{avail >> 30} GiB available (GPU memory is staged here while suspending)"))
+    checks.append(Check("host memory", True, f"{human(avail)} available (GPU memory is staged here while suspending)"))
     if free_page_reporting():
         checks.append(Check("freed memory", False, "the hypervisor takes back the memory this VM frees (free page reporting)",
                             "Suspends and restores write into such memory and can take several times as long after "
@@ -136,6 +157,8 @@ def run_checks(store: Store, criu_path: str | None, daemon: DaemonProbe | None) 
 
 
 def report(checks: list[Check]) -> Report:
-    """The checks as the REST API and ``gpucr doctor --json`` show them."""
-    failing = sum(1 for c in checks if c.required and not c.ok)
-    return {"ok": failing == 0, "failing": failing, "checks": [cast(CheckRow, asdict(c)) for c in checks]}
+    """The checks as the REST API and ``gpucr doctor --json`` show them: only a ``fail`` makes
+    the report not ok and counts as failing; a ``note`` is something to know."""
+    failing = sum(1 for c in checks if c.severity == "fail")
+    rows = [cast(CheckRow, {**asdict(c), "severity": c.severity}) for c in checks]
+    return {"ok": failing == 0, "failing": failing, "checks": rows}

@@ -9,13 +9,19 @@ CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE = 21, 19, 40
 
 @dataclass
 class Check:
-    """One line of a capability report: what was checked, whether it holds, how to fix it."""
+    """One line of a capability report: what was checked, whether it holds, how to fix it.
+    ``required``: whether checkpointing needs it; one that does not and fails is a note."""
 
     name: str
     ok: bool
     detail: str
     fix: str = ""
     required: bool = True
+
+    @property
+    def severity(self) -> str:
+        """``ok``; ``note`` (something to know: suspend and restore work); ``fail`` (they do not)."""
+        return "ok" if self.ok else ("fail" if self.required else "note")
 
 
 def _effective_caps() -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -68,6 +69,11 @@ class KernelBusyError(StateError):
         return {**super().to_dict(), "options": self.options}
 
 
+#: How long the engine a running kernel's suspend would use is reused in its REST state: finding it
+#: out may ask the gpucr daemon (a round trip per kernel, too many for every listing).
+ENGINE_NOW_TTL = 30.0
+
+
 class KernelSuspender:
     """Suspends and resumes the kernels of one server; see the module docstring."""
 
@@ -88,6 +94,8 @@ class KernelSuspender:
         self.saved = SavedReplies(store)
         self._locks: dict[str, asyncio.Lock] = {}
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
+        #: Per running kernel: when its engine now was found out, the engine (None: none would) and why.
+        self._engines_now: dict[str, tuple[float, str | None, str]] = {}
         #: Why a kernel being shut down by the server itself goes to the trash (not "shutdown").
         self._shelve_reasons: dict[str, str] = {}
         #: When a kernel taken out of the trash was listed again: its ``suspended_hours`` count from then.
@@ -127,7 +135,24 @@ class KernelSuspender:
         st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
         if st.checkpoint:
             st.checkpoint["notebook_path"] = st.notebook_path
+        if st.state == RUNNING and st.engine is None:  # not suspended yet: the engine a suspend would use now
+            engine, why = self._engine_now(kernel_id)
+            return dataclasses.replace(st, engine=engine, engine_reason=why)
         return st
+
+    def _engine_now(self, kernel_id: str) -> tuple[str | None, str]:
+        """The engine a suspend of the running kernel would use now, and why (None: a suspend would
+        fail, and why); found out at most every ``ENGINE_NOW_TTL`` seconds per kernel."""
+        known = self._engines_now.get(kernel_id)
+        if known and time.monotonic() - known[0] < ENGINE_NOW_TTL:
+            return known[1], known[2]
+        try:
+            engine, why = choose_engine(self.engines, self._kernel(kernel_id), self.options.engine)
+            name: str | None = engine.name
+        except GPUCRError as e:
+            name, why = None, f"a suspend would fail: {e.message}"
+        self._engines_now[kernel_id] = (time.monotonic(), name, why)
+        return name, why
 
     async def _notebook_path(self, kernel_id: str) -> str | None:
         sessions = await self.kernel_manager.sessions_of(kernel_id)
@@ -516,6 +541,7 @@ class KernelSuspender:
     def _forget(self, kernel_id: str) -> None:
         """What this server kept in memory of a kernel that is gone."""
         self.lifecycle.forget(kernel_id)
+        self._engines_now.pop(kernel_id, None)
         self.saved.forget(kernel_id)
         self.prefetcher.forget(kernel_id)
         self.room.forget(kernel_id)

@@ -18,7 +18,13 @@ import {
   truncate
 } from './format';
 import { isOnDisk, Transition, transitionOf } from './state';
-import type { IDoctorReport, IKernelState, ILostItem } from './types';
+import type {
+  CheckSeverity,
+  IDoctorCheck,
+  IDoctorReport,
+  IKernelState,
+  ILostItem
+} from './types';
 
 /** JupyterLab cuts notification messages at this many characters. */
 export const TOAST_MAX = 140;
@@ -630,11 +636,33 @@ export interface IShutdownSummary {
   trashed: boolean;
 }
 
-/** The doctor report's headline: `Everything works`, `1 check fails`, `2 checks fail`. */
+/**
+ * A check's severity; a server that sends none: a check that does not hold
+ * fails where it is required, else it is a note.
+ */
+export function checkSeverity(check: IDoctorCheck): CheckSeverity {
+  if (check.severity) {
+    return check.severity;
+  }
+  if (check.ok) {
+    return 'ok';
+  }
+  return check.required === false ? 'note' : 'fail';
+}
+
+/**
+ * The doctor report's headline: `Everything works`, `Everything works (1 note)`,
+ * `1 check fails`, `2 checks fail`. Only failures count as failing: a note
+ * (no GPU, a tuning hint) leaves suspend and restore working.
+ */
 export function doctorHeadline(report: IDoctorReport): string {
-  const failing = report.checks.filter(c => !c.ok).length;
+  const severities = report.checks.map(checkSeverity);
+  const failing = severities.filter(s => s === 'fail').length;
+  const notes = severities.filter(s => s === 'note').length;
   if (failing === 0) {
-    return 'Everything works';
+    return notes === 0
+      ? 'Everything works'
+      : `Everything works (${notes} ${notes === 1 ? 'note' : 'notes'})`;
   }
   return failing === 1 ? '1 check fails' : `${failing} checks fail`;
 }

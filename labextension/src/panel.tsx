@@ -17,6 +17,7 @@ import { formatBytes, formatDate, formatProgress, formatSince } from './format';
 import { gpuIcon } from './icons';
 import {
   describeKernelState,
+  checkSeverity,
   doctorHeadline,
   engineLabel,
   kernelLabel,
@@ -33,12 +34,20 @@ import {
 import { groupForPanel, isTransient } from './state';
 import { CommandIDs } from './tokens';
 import type {
+  CheckSeverity,
   ICheckpoint,
   IGpu,
   IKernelState,
   IRoomPlace,
   ITrashItem
 } from './types';
+
+/** The mark of a doctor check: holds, a note to know, fails. */
+const CHECK_MARKS: Record<CheckSeverity, string> = {
+  ok: '✓',
+  note: 'ℹ',
+  fail: '✗'
+};
 
 export class GpucrPanel extends ReactWidget {
   constructor(options: GpucrPanel.IOptions) {
@@ -418,21 +427,26 @@ export class GpucrPanel extends ReactWidget {
         <details>
           <summary>What works on this server: {doctorHeadline(doctor)}</summary>
           <ul>
-            {doctor.checks.map(check => (
-              <li
-                key={check.name}
-                className={`jp-gpucr-Check jp-gpucr-Check-${check.ok ? 'ok' : 'fail'}`}
-              >
-                <span className="jp-gpucr-Check-mark">
-                  {check.ok ? '✓' : '✗'}
-                </span>{' '}
-                <b>{check.name}</b>
-                {check.detail ? `: ${check.detail}` : ''}
-                {!check.ok && check.fix && (
-                  <div className="jp-gpucr-Item-detail">Fix: {check.fix}</div>
-                )}
-              </li>
-            ))}
+            {doctor.checks.map(check => {
+              const severity = checkSeverity(check);
+              return (
+                <li
+                  key={check.name}
+                  className={`jp-gpucr-Check jp-gpucr-Check-${severity}`}
+                >
+                  <span className="jp-gpucr-Check-mark">
+                    {CHECK_MARKS[severity]}
+                  </span>{' '}
+                  <b>{check.name}</b>
+                  {check.detail ? `: ${check.detail}` : ''}
+                  {severity !== 'ok' && check.fix && (
+                    <div className="jp-gpucr-Item-detail">
+                      {severity === 'fail' ? 'Fix' : 'Note'}: {check.fix}
+                    </div>
+                  )}
+                </li>
+              );
+            })}
           </ul>
         </details>
       </section>

@@ -211,17 +211,28 @@ export interface IRoomPlace {
   kernels: IRoomKernel[];
 }
 
+/**
+ * How a doctor check came out: `note` is something to know (no GPU, a
+ * tuning hint), suspend and restore work; only a `fail` means they do not.
+ */
+export type CheckSeverity = 'ok' | 'note' | 'fail';
+
 /** A check of `GET /api/gpucr/doctor`. */
 export interface IDoctorCheck {
   name: string;
   ok: boolean;
   detail?: string | null;
+  /** For a `fail`, the fix; for a `note`, advice. */
   fix?: string | null;
+  required?: boolean;
+  severity?: CheckSeverity;
 }
 
 /** `GET /api/gpucr/doctor` */
 export interface IDoctorReport {
   ok: boolean;
+  /** How many checks fail (severity `fail`). */
+  failing?: number;
   checks: IDoctorCheck[];
 }
 

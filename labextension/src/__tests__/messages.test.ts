@@ -528,14 +528,49 @@ describe('words', () => {
       doctorHeadline({ ok: true, checks: [ok] }),
       'Everything works'
     );
-    // The server's overall "ok" can be true with an optional check failing.
-    assert.equal(
-      doctorHeadline({ ok: true, checks: [ok, bad] }),
-      '1 check fails'
-    );
     assert.equal(
       doctorHeadline({ ok: false, checks: [bad, { ...bad, name: 'c' }] }),
       '2 checks fail'
+    );
+  });
+  it('counts notes (no GPU, a tuning hint) as working, not failing', () => {
+    // A CPU machine where suspend and restore work, as the server reports it.
+    const checks = [
+      { name: 'criu', ok: true, severity: 'ok' as const },
+      {
+        name: 'nvidia driver',
+        ok: false,
+        required: false,
+        severity: 'note' as const
+      },
+      {
+        name: 'freed memory',
+        ok: false,
+        required: false,
+        severity: 'note' as const
+      }
+    ];
+    assert.equal(
+      doctorHeadline({ ok: true, checks }),
+      'Everything works (2 notes)'
+    );
+    assert.equal(
+      doctorHeadline({
+        ok: false,
+        checks: [
+          ...checks,
+          { name: 'criu check', ok: false, severity: 'fail' as const }
+        ]
+      }),
+      '1 check fails'
+    );
+    // A server without severities: an optional check that does not hold is a note.
+    assert.equal(
+      doctorHeadline({
+        ok: true,
+        checks: [{ name: 'b', ok: false, required: false }]
+      }),
+      'Everything works (1 note)'
     );
   });
 });
