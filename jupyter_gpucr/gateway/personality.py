@@ -11,7 +11,6 @@ from typing import Any
 from kernel_gateway.jupyter_websocket import JupyterWebsocketPersonality
 from kernel_gateway.mixins import CORSMixin, TokenAuthorizationMixin
 from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
-from tornado.ioloop import PeriodicCallback
 
 from ..core import cuda
 from ..server.backend import choose_backend
@@ -38,8 +37,6 @@ class GatewayWebsocketConnection(GPUCRWebsocketConnection):
 class GPUCRPersonality(JupyterWebsocketPersonality):
     """See the module docstring. Made by Kernel Gateway after its kernel manager and before its
     web application and HTTP server."""
-
-    _idle_checker: PeriodicCallback | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -86,20 +83,12 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
         else:
             self.log.info("gpucr: whole-process engine: %s", backend.why)
         await self.readiness.open_after(self.service.relist_at_start, self.log)
-        options = self.service.options
-        if options.idle_timeout > 0 or options.suspended_hours > 0:
-            self._idle_checker = PeriodicCallback(self.service.check_kernels, 1000 * options.idle_check_interval)
-            self._idle_checker.start()
-        if options.idle_timeout > 0:
-            self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
-        if options.suspended_hours > 0:
-            self.log.info("gpucr: kernels suspended for more than %g h go to the trash", options.suspended_hours)
+        self.service.start_checks()
 
     async def shutdown(self) -> None:
         """Kernel Gateway shuts every kernel down when it stops: put them on disk first, where
         the next gateway with this store lists them again."""
-        if self._idle_checker:
-            self._idle_checker.stop()
+        self.service.stop_checks()
         self.service.stopping = True
         if self.service.options.suspend_on_stop:
             failures = await self.service.suspend_all("server-stop")

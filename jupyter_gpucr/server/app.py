@@ -10,7 +10,6 @@ import signal
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from tornado.ioloop import PeriodicCallback
 from traitlets.utils.importstring import import_item
 
 from ..core import cuda
@@ -32,7 +31,6 @@ KM_CLASS = f"{GPUCRMappingKernelManager.__module__}.{GPUCRMappingKernelManager._
 class GPUCRApp(ExtensionApp):
     name = "jupyter_gpucr"
     description = "Suspend Jupyter kernels to disk and restore them on demand."
-    _idle_checker: PeriodicCallback | None = None
     service: KernelSuspender | None = None  # None when the server was refused before gpucr loaded
     readiness: Readiness | None = None
 
@@ -105,14 +103,7 @@ class GPUCRApp(ExtensionApp):
         self._check_stop_budget()
         self._stop_on_sigint()
         await self.readiness.wait()  # not an idle check before the kernels of an earlier server are listed
-        options = self.service.options
-        if options.idle_timeout > 0 or options.suspended_hours > 0:
-            self._idle_checker = PeriodicCallback(self.service.check_kernels, 1000 * options.idle_check_interval)
-            self._idle_checker.start()
-        if options.idle_timeout > 0:
-            self.log.info("gpucr: suspending kernels idle for more than %d s", options.idle_timeout)
-        if options.suspended_hours > 0:
-            self.log.info("gpucr: kernels suspended for more than %g h go to the trash", options.suspended_hours)
+        self.service.start_checks()
 
     def _log_backend(self) -> None:
         backend = self.service.backend
@@ -150,8 +141,7 @@ class GPUCRApp(ExtensionApp):
 
     async def stop_extension(self) -> None:
         """Runs before jupyter_server shuts kernels down: suspend them all first."""
-        if self._idle_checker:
-            self._idle_checker.stop()
+        self.service.stop_checks()
         if self.service is None:
             return
         self.service.stopping = True

@@ -227,6 +227,12 @@ class GPUCR(Configurable):
         "then waits for its own restore only. One kernel's declared memory is a good value. Empty or 0: room is "
         "made only when a kernel needs it.",
     )
+    budget_check_interval = Float(
+        2.0, min=0.1, config=True,
+        help="Seconds between checks of host_memory_budget while kernels run: kernels grow after they start or "
+        "come back (a cell that loads data), and when what they hold passes the budget, idle kernels are suspended, "
+        "least recently used first and as room_policy and min_resident_s allow, until it holds again.",
+    )
     min_resident_s = Float(
         300.0, config=True,
         help="Seconds a kernel stays safe from being suspended to make room after its last activity (a cell, its "

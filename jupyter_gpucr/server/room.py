@@ -167,8 +167,9 @@ def room_event_schema() -> dict[str, Any]:
         "type": "object", "required": ["kernel_id", "outcome", "need", "message"],
         "properties": {
             "kernel_id": {"type": "string", "description": "The kernel that needs the room."},
-            "for": {"enum": ["restore", "start", "headroom"],
-                    "description": "headroom: room made ahead, in the background (c.GPUCR.room_headroom)."},
+            "for": {"enum": ["restore", "start", "headroom", "budget"],
+                    "description": "headroom: room made ahead, in the background (c.GPUCR.room_headroom); budget: the "
+                                   "kernels grew past c.GPUCR.host_memory_budget."},
             "outcome": {"enum": ["fits", "suspending", "refused"]},
             "where": {"type": ["string", "null"], "description": "'on GPU 0', 'in host memory'; null: refused."},
             "need": {"type": "integer", "description": "Bytes."},
@@ -202,6 +203,7 @@ class RoomMaker:
         self._owners: dict[str, int | None] = {}
         self._arrived: dict[str, float] = {}  # kernel id -> when it started or room was last made for it (epoch seconds)
         self._freeing: dict[str, asyncio.Task[None]] = {}  # place key -> the suspend ahead under way there
+        self._over_budget_said = False  # the budget is passed and nothing may be suspended: logged once
         if event_logger is not None and ROOM_EVENT_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(room_event_schema())
 
@@ -350,6 +352,35 @@ class RoomMaker:
             except GPUCRError as e:
                 self.log.warning("gpucr: kernel %s was not suspended ahead to keep room free: %s", victim.kernel_id, e)
         await self._settle(Need(headroom, need.places), key, skip=set())
+
+    async def hold_budget(self) -> None:
+        """The host memory budget as kernels grow (every ``budget_check_interval``): when what the
+        kernels hold has passed it, suspend idle kernels, least recently used first and under the
+        make-room rules, until it holds. Skipped while room is being made (that holds the budget)."""
+        if not self.host_budget() or self.options.room_policy != "lru" or self._lock.locked():
+            return
+        async with self._lock:
+            rules = self.rules(None)
+            [place] = self.host_places(set())
+            if place.free >= 0:
+                self._over_budget_said = False
+                return
+            decision = decide(0, [place], rules)
+            if decision.place is None or not decision.victims:
+                if not self._over_budget_said:  # once per excess, not every few seconds
+                    self.log.warning("gpucr: the kernels hold %s more than the host memory budget, and none may be "
+                                     "suspended: %s", human(-place.free), decision.why)
+                    self._over_budget_said = True
+                return
+            self._emit(decision.victims[0].kernel_id, "budget", "suspending", decision, rules)
+            self.log.warning("gpucr: the kernels hold %s more than the host memory budget: suspending %s (least "
+                             "recently used, idle)", human(-place.free), ", ".join(v.kernel_id for v in decision.victims))
+        for victim in decision.victims:
+            try:
+                await self.suspender.suspend(victim.kernel_id, reason="memory")
+            except GPUCRError as e:
+                self.log.warning("gpucr: kernel %s was not suspended to hold the host memory budget: %s",
+                                 victim.kernel_id, e)
 
     async def _suspends_ahead(self, key: str) -> bool:
         """Wait for the suspend ahead under way at ``key``, if any; whether there was one."""

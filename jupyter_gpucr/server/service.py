@@ -21,11 +21,13 @@ from typing import Any
 
 import psutil
 from jupyter_core.utils import ensure_async
+from tornado.ioloop import PeriodicCallback
 
 from ..core import gpus
 from ..core.backend import CheckpointBackend
 from ..core.errors import EngineError, GPUCRError, NotFoundError, StateError
 from ..core.procs import tree
+from ..core.sizes import human
 from ..core.store import Checkpoint, Store
 from ..core.writeback import WritebackWhileWriting
 from . import portable, preparation
@@ -100,6 +102,7 @@ class KernelSuspender:
         self._shelve_reasons: dict[str, str] = {}
         #: When a kernel taken out of the trash was listed again: its ``suspended_hours`` count from then.
         self._untrashed_at: dict[str, float] = {}
+        self._checks: list[PeriodicCallback] = []
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.stopping = False  # the server stops: kernels it shuts down stay on disk, listed at the next start
@@ -247,6 +250,28 @@ class KernelSuspender:
         if self.options.idle_timeout > 0:
             await self.suspend_idle_kernels()
         await self.expire_suspended_kernels()
+
+    def start_checks(self) -> None:
+        """The checks that run while the server does (the server's and the gateway's shells call it
+        once the kernels of an earlier server are listed): idle and expired kernels, and the host
+        memory budget as kernels grow; each says in the log what it does."""
+        o = self.options
+        if o.idle_timeout > 0 or o.suspended_hours > 0:
+            self._checks.append(PeriodicCallback(self.check_kernels, 1000 * o.idle_check_interval))
+        if o.idle_timeout > 0:
+            self.log.info("gpucr: suspending kernels idle for more than %d s", o.idle_timeout)
+        if o.suspended_hours > 0:
+            self.log.info("gpucr: kernels suspended for more than %g h go to the trash", o.suspended_hours)
+        if self.room.host_budget():
+            self._checks.append(PeriodicCallback(self.room.hold_budget, 1000 * o.budget_check_interval))
+            self.log.info("gpucr: holding the host memory budget of %s as kernels grow", human(self.room.host_budget()))
+        for check in self._checks:
+            check.start()
+
+    def stop_checks(self) -> None:
+        for check in self._checks:
+            check.stop()
+        self._checks.clear()
 
     async def suspend(self, kernel_id: str, reason: str = "manual", engine: str | None = None,
                       when: str = "now") -> KernelState:

@@ -54,6 +54,22 @@ export function engineLabel(engine: string | null | undefined): string {
   }
 }
 
+/** Why a checkpoint was made, in the words the panel shows. */
+export function reasonLabel(reason: string | null | undefined): string {
+  switch (reason) {
+    case 'idle':
+      return 'idle';
+    case 'room':
+      return 'made room for another kernel';
+    case 'memory':
+      return 'host memory was needed';
+    case 'server-stop':
+      return 'the server stopped';
+    default:
+      return reason ?? '';
+  }
+}
+
 /** What a kernel or checkpoint holds: `CPU`, or the GPU model (`GPU` when unknown). */
 export function kindLabel(
   kind: string | null | undefined,
@@ -433,6 +449,8 @@ function suspendedNotice(current: IKernelState, name: string): INotice {
       ? `${name} was idle, so it was suspended to disk`
       : current.checkpoint?.reason === 'room'
         ? `${name} was idle, so it was suspended to disk to make room for another kernel`
+        : current.checkpoint?.reason === 'memory'
+          ? `${name} was idle, so it was suspended to disk: host memory was needed by other kernels`
         : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
   return {
     type: 'success',

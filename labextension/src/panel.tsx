@@ -16,12 +16,13 @@ import * as React from 'react';
 import { formatBytes, formatDate, formatProgress, formatSince } from './format';
 import { gpuIcon } from './icons';
 import {
-  describeKernelState,
   checkSeverity,
+  describeKernelState,
   doctorHeadline,
   engineLabel,
   kernelLabel,
-  kindLabel
+  kindLabel,
+  reasonLabel
 } from './messages';
 import { GpucrModel } from './model';
 import {
@@ -191,7 +192,7 @@ export class GpucrPanel extends ReactWidget {
         state.kind,
         checkpoint?.gpu_model ?? state.checkpoint?.gpu_model
       ),
-      checkpoint?.reason ?? ''
+      reasonLabel(checkpoint?.reason)
     ].filter(Boolean);
     const run = (command: string) => () =>
       void this._commands.execute(command, { kernelId: state.kernel_id });
@@ -256,7 +257,7 @@ export class GpucrPanel extends ReactWidget {
       formatBytes(checkpoint.size),
       engineLabel(checkpoint.engine),
       kindLabel(null, checkpoint.gpu_model),
-      checkpoint.reason ?? ''
+      reasonLabel(checkpoint.reason)
     ].filter(Boolean);
     return (
       <li

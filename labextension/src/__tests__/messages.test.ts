@@ -11,6 +11,7 @@ import {
   kernelLabel,
   kindLabel,
   plainError,
+  reasonLabel,
   replaceQuestion,
   shutdownLines,
   shutdownQuestion,
@@ -315,6 +316,19 @@ describe('transitionNotice', () => {
       'Train.ipynb was idle, so it was suspended to disk (5.0 GiB, whole process). Run a cell to bring it back.'
     );
     assert.equal(transitionNotice(full, { ...full }, label), null);
+  });
+  it('says why a kernel was suspended when the host memory budget was passed', () => {
+    const before = kernel({ state: 'suspending', checkpoint: CHECKPOINT });
+    const full = kernel({
+      state: 'suspended',
+      checkpoint: { ...CHECKPOINT, id: 'ckpt-3', reason: 'memory' }
+    });
+    assert.match(
+      transitionNotice(before, full, label)!.message,
+      /^Train\.ipynb was idle, so it was suspended to disk: host memory was needed by other kernels/
+    );
+    assert.equal(reasonLabel('memory'), 'host memory was needed');
+    assert.equal(reasonLabel('room'), 'made room for another kernel');
   });
   it('says nothing new when a failed restore leaves the kernel suspended', () => {
     assert.equal(
