@@ -23,6 +23,8 @@ from ..core.group import join as join_group
 from ..core.group import member_log, members
 from ..core.objectstore import ObjectStore, is_url
 from ..core.openfiles import OpenFiles
+from ..core.owners import owner_of
+from ..core.procs import is_alive
 from ..core.roomreport import kernel_lines
 from ..core.sealing import key_file_from_environment, load_key, previous_key_files_from_environment
 from ..core.store import ProcRecord, name_of_id
@@ -129,6 +131,8 @@ def _ls_text(items: list[dict[str, Any]]) -> str:
                      f"{_size(latest.get('size')):>10} {_when(latest.get('created'))}")
         if it.get("waker"):
             lines.append(f"  {_waker_line(it['state'], it['waker'])}")
+        if it.get("owner"):
+            lines.append(f"  {_owner_line(it['owner'])}")
         lines.extend(f"  member {m['name']:17} {m['state']:13} {m.get('pid') or '-':>8} {shlex.join(m['command'])}"
                      for m in it.get("members", []))
         lines.extend(f"  damaged: {problem}" for problem in it.get("damaged", []))
@@ -188,20 +192,30 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
             said += f"; paused after {args.idle_timeout:g} s idle, woken on {', '.join(map(str, wake_on))}"
         return r.record, said
     if args.cmd == "checkpoint":
-        c = cr.checkpoint(args.target, leave_running=args.leave_running)
+        name, _ = cr.resolve(args.target)
+        owner = owner_of(cr.store.procs_root / name)
+        owned = owner is not None and owner.alive  # its owner's run must go on: never stopped under it
+        leave_running = args.leave_running or owned
+        c = cr.checkpoint(name, leave_running=leave_running)
         t = c.manifest["timings"]
         gpu = f", GPU free after {t['gpu_free']:.2f} s" if "gpu_free" in t else ""
-        state = "left running" if args.leave_running else "stopped"
+        state = "left running" if leave_running else "stopped"
+        if owned and not args.leave_running:
+            assert owner is not None
+            state += (f" (without --leave-running too): it is a kernel of {owner.describe()}, which goes on using "
+                      "it; shut the kernel down there to free its memory")
         sent = ""
         if remote is not None:
             sent = f" Uploaded to {remote!r} in {upload.upload(remote, cr.store, c)['seconds']:.2f} s."
             apply_retention(remote, c.name, cr.keep_last)  # its older checkpoints there go, as on this disk
             if not args.leave_running:  # durable in the store: any node may restore it now
                 upload.release_lease(remote, c.name, upload.node_id(cr.store))
-        return c.summary() | {"timings": t}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "
+        return c.summary() | {"timings": t, "left_running": leave_running,
+                              "owner": owner.to_dict() if owner else None}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "
                                              f"process {state}.{sent}")
     if args.cmd == "restore":
         _refuse_a_server_kernel(cr, args.name, args.checkpoint)
+        _refuse_an_owned_kernel(cr, args.name)
         cr.lazy_restore = not args.eager
         if remote is not None and not args.checkpoint:  # claimed for this node; its newest checkpoint brought here
             upload.missing_here(remote, cr.store, args.name)  # a key that does not open it: refused, no lease taken
@@ -220,6 +234,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "ls":
         items = [it | {"waker": w} if (w := read_status(cr.store, it["name"])) else it for it in cr.list()]
         items = [it | {"members": members(cr, it["name"], it)} if "members" in it else it for it in items]
+        items = [it | {"owner": o.to_dict()} if (o := owner_of(cr.store.procs_root / it["name"])) else it for it in items]
         return items, _ls_text(items)
     if args.cmd == "rm":
         removed = cr.remove(args.target, kill=args.kill)
@@ -258,6 +273,34 @@ def _refuse_a_server_kernel(cr: Checkpointer, name: str, checkpoint_id: str | No
     if ckpt is not None and ckpt.manifest.get("kernel"):
         raise StateError(f"{name!r} is a Jupyter kernel suspended by a Jupyter server; only that server restores it.",
                          f"Open its notebook, or run 'gpucr kernel resume {ckpt.name}' against the server.")
+
+
+def _refuse_an_owned_kernel(cr: Checkpointer, name: str) -> None:
+    """A kernel launched by the gpucr provisioner belongs to the program that launched it, which
+    polls it and alone ends it. Restored here, it would be a process that program does not know:
+    beside it while it runs, with nothing to connect to it or ever shut it down once it has ended."""
+    owner = owner_of(cr.store.procs_root / name)
+    if owner is None:
+        return
+    rec = cr.store.read_proc(name)
+    if rec.get("state") == "running" and is_alive(rec.get("pid")):
+        return  # the restore says it is already running
+    if owner.state == "running":
+        raise StateError(f"{name!r} is a kernel of {owner.describe()}, which still runs and no longer has it; "
+                         "restored here, the kernel would run with nothing connected to it or ever ending it.",
+                         f"Start a new kernel in that program; 'gpucr rm {name}' deletes the checkpoints.")
+    why = "has ended" if owner.state == "ended" else "shut it down"
+    raise StateError(f"{name!r} is a kernel of {owner.describe()}, which {why}: restored, it would run with no "
+                     "client, and nothing would ever shut it down.",
+                     f"Its checkpoints are kept; 'gpucr rm {name}' deletes them.")
+
+
+def _owner_line(owner: dict[str, Any]) -> str:
+    """Who owns a kernel, as ``gpucr ls`` says it under the process."""
+    if owner["state"] == "running":
+        return f"owner: running, {owner['description']}"
+    return (f"owner: {'ended' if owner['state'] == 'ended' else 'shut the kernel down'}, {owner['description']}; "
+            "'gpucr restore' refuses it")
 
 
 def _trash_command(cr: Checkpointer, args: argparse.Namespace) -> tuple[Any, str]:

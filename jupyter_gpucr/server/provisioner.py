@@ -5,6 +5,10 @@ log files in the store, no ``JPY_PARENT_PID``). After a restore the kernel is no
 process jupyter_client launched, so this provisioner tracks it by PID rather than by the old
 ``Popen``: poll, interrupt and kill keep working. While suspended it reports the kernel as
 present (there is no process to poll, but the kernel exists on disk).
+
+The program that runs this provisioner is recorded as the kernel's owner in the store
+(:mod:`jupyter_gpucr.core.owners`) until it shuts the kernel down: ``gpucr checkpoint`` then
+leaves the kernel running for it, and ``gpucr restore`` does not bring it back once it is gone.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import importlib.util
 import os
 import signal
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -22,6 +28,7 @@ from ..core.backend import CheckpointBackend
 from ..core.checkpointer import Checkpointer
 from ..core.files import private_files
 from ..core.launcher import ExitedAtStart, Started
+from ..core.owners import record_owner, release_owner
 from ..core.procs import is_alive, namespace_init
 from .kernel_rpc import HISTORY_FILE
 
@@ -96,6 +103,7 @@ class GPUCRProvisioner(LocalProvisioner):
         self.kernel_pid = started.pid
         self.pgid = _pgid_of(started.pid)
         self.suspended = False
+        self._owner_record(record_owner)
 
     def mark_suspended(self) -> None:
         self.suspended = True
@@ -147,7 +155,20 @@ class GPUCRProvisioner(LocalProvisioner):
 
     async def cleanup(self, restart: bool = False) -> None:
         await self._end_namespace()
+        if not restart:  # a restart launches (and records) it again
+            self._owner_record(release_owner)
         await super().cleanup(restart=restart)
+
+    def _owner_record(self, write: Callable[[Path], None]) -> None:
+        """Record this program as the kernel's owner, or that it let the kernel go. A store this
+        user cannot write (the gpucr daemon's) keeps none: the CLI then treats the kernel as any process."""
+        directory = self.checkpointer.store.procs_root / str(self.kernel_id)
+        if not directory.is_dir():  # gone with a suspended kernel's shutdown (trashed): nothing to record
+            return
+        try:
+            write(directory)
+        except OSError as e:
+            self.log.debug("gpucr: kernel %s: no owner record (%s)", self.kernel_id, e)
 
     async def _end_namespace(self) -> int | None:
         """End whatever is left of the kernel's namespace and reap the holder. Bounded: a
