@@ -27,3 +27,11 @@ def kernel_for(label: str, url: str, token: str = "") -> dict[str, Any] | None:
     found = kernels(url, token, label)
     found.sort(key=lambda s: max(s.get("restored_at") or 0, s.get("suspended_at") or 0))
     return found[-1] if found else None
+
+
+def about_to_use(kernel_id: str, url: str, token: str = "") -> dict[str, Any]:
+    """Say that the kernel is about to be used (an agent that will send code after its next thought):
+    a suspended kernel starts restoring in the background, so the request finds it back or waits
+    less. Returns at once with the kernel's state (``POST .../resume`` with ``{"wait": false}``)."""
+    return call(url.rstrip("/") + "/", token, f"api/gpucr/kernels/{urllib.parse.quote(kernel_id)}/resume", "POST",
+                {"wait": False})

@@ -113,8 +113,13 @@ class ResumeHandler(GPUCRHandler):
     @web.authenticated
     @authorized(action="execute")
     async def post(self, kernel_id: str) -> None:
-        gpu = self.body().get("gpu")
-        await self.service.resume(kernel_id, gpu=None if gpu is None else str(gpu))
+        body = self.body()
+        gpu = None if body.get("gpu") is None else str(body["gpu"])
+        if body.get("wait", True) is False:  # about to use it: restore in the background
+            self.service.resume_ahead(kernel_id, gpu)
+            self.set_status(202)
+        else:
+            await self.service.resume(kernel_id, gpu=gpu)
         self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 

@@ -27,7 +27,7 @@ EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
 PHASES = ["trimming", "gpu-checkpoint", "dumping", "verifying", "done", "restoring", "gpu-restore", "failed",
           "pending", "cancelled", "waiting-for-room", "uploading", "downloading"]
 #: Kernel-state properties that events carry besides kernel_id, state and the progress fields.
-EVENT_FIELDS = ["error", "hint", "summary", "retryable", "notebook_path", "restored_at", "suspended_for", "lost", "room", "made_room_for"]
+EVENT_FIELDS = ["error", "hint", "summary", "retryable", "notebook_path", "restored_at", "suspended_for", "lost", "room", "made_room_for", "ahead"]
 
 RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
 WAITING = "waiting-for-room"
@@ -95,6 +95,7 @@ class KernelState:
     retryable: bool | None = None
     room: dict[str, Any] | None = None
     made_room_for: str | None = None
+    ahead: bool = False
     trim: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -165,6 +166,7 @@ class KernelLifecycle(LoggingConfigurable):
             setattr(st, name, value)
         if to == RUNNING:
             st.suspended_at = st.pending_since = st.made_room_for = None
+            st.ahead = False
         if to != PENDING:
             st.pending_since = None
         self.log.debug("gpucr: kernel %s is %s (%s)", kernel_id, to, phase)

@@ -408,8 +408,24 @@ class KernelSuspender:
         return report
 
     # -- resume --------------------------------------------------------------------------
-    async def resume(self, kernel_id: str, gpu: str | None = None) -> KernelState:
-        """Restore a suspended kernel; concurrent callers share one restore."""
+    def resume_ahead(self, kernel_id: str, gpu: str | None = None) -> KernelState:
+        """A client is about to use a suspended kernel (its user types into a cell; an agent is about
+        to send code): start its restore in the background, so that its request runs at once or
+        sooner; a request that comes meanwhile waits for this restore. The state now."""
+        self._kernel(kernel_id)
+        if self.lifecycle.state_of(kernel_id) in (SUSPENDED, UPLOADING) and kernel_id not in self._resumes:
+            self._in_background(self._resume_ahead(kernel_id, gpu))
+        return self.lifecycle.get(kernel_id)
+
+    async def _resume_ahead(self, kernel_id: str, gpu: str | None) -> None:
+        try:
+            await self.resume(kernel_id, gpu, ahead=True)
+        except GPUCRError as e:  # the kernel stays on disk, its failure in its state as for any restore
+            self.log.warning("gpucr: kernel %s, restored ahead of use, was not restored: %s", kernel_id, e)
+
+    async def resume(self, kernel_id: str, gpu: str | None = None, ahead: bool = False) -> KernelState:
+        """Restore a suspended kernel; concurrent callers share one restore. ``ahead``: asked for
+        ahead of use (see :meth:`resume_ahead`), which the state says while it runs."""
         self._kernel(kernel_id)
         state = self.lifecycle.state_of(kernel_id)
         if state == PENDING:
@@ -420,12 +436,12 @@ class KernelSuspender:
         if task is None:
             if state == RUNNING:
                 return self.lifecycle.get(kernel_id)
-            task = asyncio.ensure_future(self._resume(kernel_id, gpu or self.options.gpu_placement))
+            task = asyncio.ensure_future(self._resume(kernel_id, gpu or self.options.gpu_placement, ahead))
             self._resumes[kernel_id] = task
             task.add_done_callback(lambda _t: self._resumes.pop(kernel_id, None))
         return await asyncio.shield(task)
 
-    async def _resume(self, kernel_id: str, gpu: str) -> KernelState:
+    async def _resume(self, kernel_id: str, gpu: str, ahead: bool = False) -> KernelState:
         asked = time.perf_counter()
         async with self.operation(kernel_id):
             km = self._kernel(kernel_id)
@@ -434,7 +450,7 @@ class KernelSuspender:
                 return st
             suspended_at = st.suspended_at or time.time()
             st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
-            self.lifecycle.transition(kernel_id, RESTORING, "restoring", error=None, hint=None)
+            self.lifecycle.transition(kernel_id, RESTORING, "restoring", error=None, hint=None, ahead=ahead)
             took_over = None
             try:
                 if self.remote:  # claimed for this node, downloaded if another node made it

@@ -159,6 +159,18 @@ export class GpucrClient {
     );
   }
 
+  /**
+   * The kernel is about to be used (its user types into a cell): a suspended
+   * kernel starts restoring in the background; answers at once (202).
+   */
+  resumeAhead(kernelId: string): Promise<IKernelState> {
+    return requestAPI<IKernelState>(
+      `kernels/${id(kernelId)}/resume`,
+      { method: 'POST', body: JSON.stringify({ wait: false }) },
+      this.serverSettings
+    );
+  }
+
   listCheckpoints(): Promise<ICheckpoint[]> {
     return requestAPI<ICheckpoint[]>('checkpoints', {}, this.serverSettings);
   }

@@ -261,9 +261,7 @@ export function addCommands(ctx: ICommandContext): void {
       } catch (error) {
         const name = notifier.label(kernelId);
         Notification.error(
-          fitToast(
-            `Could not start ${name} fresh: ${errorText(error, name)}`
-          ),
+          fitToast(`Could not start ${name} fresh: ${errorText(error, name)}`),
           { autoClose: false }
         );
       }

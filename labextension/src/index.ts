@@ -51,6 +51,7 @@ import { kernelStatusPlugin } from './kernelstatusplugin';
 import { GpucrModel } from './model';
 import { GpucrNotifier } from './notifications';
 import { GpucrPanel } from './panel';
+import { RestoreAhead } from './restoreahead';
 import { addRunningSection } from './running';
 import { trashHours } from './serverconfig';
 import { KernelShutdowns } from './shutdown';
@@ -393,9 +394,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
 
+    const restoreAhead = new RestoreAhead(tracker, model);
+
     // Settings.
     const applySettings = (s: ISettingRegistry.ISettings) => {
       confirmSuspend = s.get('confirmSuspend').composite !== false;
+      restoreAhead.enabled = s.get('restoreAhead').composite !== false;
       const seconds = Number(s.get('pollInterval').composite ?? 3);
       model.pollInterval =
         (isFinite(seconds) && seconds > 0 ? seconds : 3) * 1000;

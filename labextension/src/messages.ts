@@ -150,9 +150,15 @@ export function describeKernelState(
     }
     case 'restoring': {
       const progress = formatProgress(state.progress, state.kind);
+      const ahead = state.ahead ? ' (you are typing)' : '';
       return {
-        label: truncate(`Restoring… ${progress}`.trim(), 60),
-        title: `Restoring the kernel from disk${progress ? `: ${progress}` : ''}. Cells run as soon as it is back.`,
+        label: truncate(`Restoring${ahead}… ${progress}`.trim(), 60),
+        title:
+          `Restoring the kernel from disk${progress ? `: ${progress}` : ''}` +
+          (state.ahead
+            ? ', started when you typed into a cell, so that it runs sooner.'
+            : '.') +
+          ' Cells run as soon as it is back.',
         kind: 'busy'
       };
     }
@@ -451,7 +457,7 @@ function suspendedNotice(current: IKernelState, name: string): INotice {
         ? `${name} was idle, so it was suspended to disk to make room for another kernel`
         : current.checkpoint?.reason === 'memory'
           ? `${name} was idle, so it was suspended to disk: host memory was needed by other kernels`
-        : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
+          : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
   return {
     type: 'success',
     message: fitToast(

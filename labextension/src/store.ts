@@ -306,6 +306,7 @@ function normalize(kernelId: string, state: IKernelState): IKernelState {
     retryable: state.retryable ?? null,
     room: state.room ?? null,
     made_room_for: state.made_room_for ?? null,
+    ahead: state.ahead ?? false,
     trim: state.trim ?? null,
     timings: state.timings ?? null
   };

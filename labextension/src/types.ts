@@ -137,11 +137,17 @@ export interface IKernelState {
   room?: IRoomWait | null;
   /** The kernel this one was suspended to make room for. */
   made_room_for?: string | null;
+  /** The restore under way was asked for ahead of use (the user typed into a cell). */
+  ahead?: boolean;
   /** Live versus reserved bytes reported by the kernel before a criu suspend. */
   trim?: { [key: string]: unknown } | null;
   /** Seconds per step of the last operation, e.g. `{"total": 2.3}`; a snapshot restore's
    * `warm_start` says whether it loaded into the kernel started when the notebook was opened. */
-  timings?: { [step: string]: number | boolean | undefined; total?: number; warm_start?: boolean } | null;
+  timings?: {
+    [step: string]: number | boolean | undefined;
+    total?: number;
+    warm_start?: boolean;
+  } | null;
 }
 
 /** `GET /api/gpucr/checkpoints` items. */
@@ -265,4 +271,5 @@ export interface IKernelStateEvent {
   lost?: ILostItem[];
   room?: IRoomWait | null;
   made_room_for?: string | null;
+  ahead?: boolean;
 }

@@ -226,7 +226,7 @@ describe('transitionNotice', () => {
       'doctor'
     ]);
   });
-  it('says a failed restore\'s cause first and offers only what can work', () => {
+  it("says a failed restore's cause first and offers only what can work", () => {
     const suspended = kernel({ state: 'suspended', checkpoint: CHECKPOINT });
     const damaged = transitionNotice(
       kernel({ state: 'restoring' }),
@@ -250,7 +250,8 @@ describe('transitionNotice', () => {
       {
         ...suspended,
         kind: 'gpu',
-        error: "CRIU could not restore '590a9737': 11709: Error (criu/sk-inet.c:1): Can't bind inet socket",
+        error:
+          "CRIU could not restore '590a9737': 11709: Error (criu/sk-inet.c:1): Can't bind inet socket",
         summary: 'Port 43463 is used by PID 22484',
         retryable: true
       },
