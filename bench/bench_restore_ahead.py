@@ -1,0 +1,90 @@
+"""What restoring ahead of the run saves: the first cell of a suspended kernel holding --gb of
+state in a real jupyter server, run at once (the restore starts with the run), or after the "about
+to use it" hint (POST .../resume {"wait": false}, what JupyterLab sends when the user types into a
+cell) and --think seconds of typing; against the same cell on a kernel that never left.
+
+    python bench/bench_restore_ahead.py --gb 1 [--think 3] [--rounds 3] [--json-out FILE]
+
+Times are from the cell's request to its output, as the user sees them. Also how long the hint's
+answer took. Prints a table and the same figures as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jupyter_gpucr.agents import about_to_use  # noqa: E402
+from tests.kernel_ws import execute  # noqa: E402
+from tests.server.test_server_lifecycle import RealServer  # noqa: E402
+
+CELL = "print(round(float(a[::4096].sum()), 3))"
+
+
+async def cell(server: RealServer, kid: str) -> tuple[float, str]:
+    ws = await server.ws(kid)
+    t0 = time.perf_counter()
+    _, out, _ = await execute(ws, CELL, timeout=600)
+    took = time.perf_counter() - t0
+    ws.close()
+    return took, out
+
+
+async def main(gb: float, think: float, rounds: int) -> dict[str, object]:
+    tmp = Path(tempfile.mkdtemp(prefix="gpucr-bench-ahead-"))
+    root = tmp / "root"
+    root.mkdir()
+    server = RealServer(root, tmp / "store", tmp / "server.log")
+    times: dict[str, list[float]] = {"warm": [], "restore on run": [], f"hint, {think:g} s, run": [], "hint answer": []}
+    try:
+        await server.wait_ready()
+        kid = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
+        ws = await server.ws(kid)
+        await execute(ws, f"import numpy as np\na = np.random.default_rng(0).random(int({gb} * 2**30 / 8))", timeout=600)
+        ws.close()
+        _, expected = await cell(server, kid)
+        for _ in range(rounds):
+            took, out = await cell(server, kid)
+            times["warm"].append(took)
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            took, out = await cell(server, kid)
+            assert out == expected
+            times["restore on run"].append(took)
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            t0 = time.perf_counter()
+            await asyncio.to_thread(about_to_use, kid, server.url, "secret-token")
+            times["hint answer"].append(time.perf_counter() - t0)
+            await asyncio.sleep(think)  # the user types
+            took, out = await cell(server, kid)
+            assert out == expected
+            times[f"hint, {think:g} s, run"].append(took)
+    finally:
+        server.sigterm()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gb": gb,
+            "think_s": think, "rounds": rounds, **{f"{k} (median s)": statistics.median(v) for k, v in times.items()},
+            "raw": times}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=1.0)
+    parser.add_argument("--think", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+    figures = asyncio.run(main(args.gb, args.think, args.rounds))
+    for k, v in figures.items():
+        if k != "raw":
+            print(f"{k:34} {v:.3f}" if isinstance(v, float) else f"{k:34} {v}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(figures, indent=1))
