@@ -4,6 +4,7 @@ to use it" hint (POST .../resume {"wait": false}, what JupyterLab sends when the
 cell) and --think seconds of typing; against the same cell on a kernel that never left.
 
     python bench/bench_restore_ahead.py --gb 1 [--think 3] [--rounds 3] [--json-out FILE]
+    python bench/bench_restore_ahead.py --w2 [--engine criu|snapshot] ...   # the W2 GPU notebook
 
 Times are from the cell's request to its output, as the user sees them. Also how long the hint's
 answer took. Prints a table and the same figures as JSON.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.w2_workload import GPU_CELL, GPU_SETUP  # noqa: E402
 from jupyter_gpucr.agents import about_to_use  # noqa: E402
 from tests.kernel_ws import execute  # noqa: E402
 from tests.server.test_server_lifecycle import RealServer  # noqa: E402
@@ -30,16 +32,16 @@ from tests.server.test_server_lifecycle import RealServer  # noqa: E402
 CELL = "print(round(float(a[::4096].sum()), 3))"
 
 
-async def cell(server: RealServer, kid: str) -> tuple[float, str]:
+async def cell(server: RealServer, kid: str, code: str) -> tuple[float, str]:
     ws = await server.ws(kid)
     t0 = time.perf_counter()
-    _, out, _ = await execute(ws, CELL, timeout=600)
+    _, out, _ = await execute(ws, code, timeout=600)
     took = time.perf_counter() - t0
     ws.close()
     return took, out
 
 
-async def main(gb: float, think: float, rounds: int) -> dict[str, object]:
+async def main(gb: float, think: float, rounds: int, w2: bool, engine: str) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="gpucr-bench-ahead-"))
     root = tmp / "root"
     root.mkdir()
@@ -49,28 +51,31 @@ async def main(gb: float, think: float, rounds: int) -> dict[str, object]:
         await server.wait_ready()
         kid = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
         ws = await server.ws(kid)
-        await execute(ws, f"import numpy as np\na = np.random.default_rng(0).random(int({gb} * 2**30 / 8))", timeout=600)
+        setup = GPU_SETUP if w2 else f"import numpy as np\na = np.random.default_rng(0).random(int({gb} * 2**30 / 8))"
+        code = GPU_CELL if w2 else CELL
+        await execute(ws, setup, timeout=600)
         ws.close()
-        _, expected = await cell(server, kid)
+        _, expected = await cell(server, kid, code)
         for _ in range(rounds):
-            took, out = await cell(server, kid)
+            took, out = await cell(server, kid, code)
             times["warm"].append(took)
-            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
-            took, out = await cell(server, kid)
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {"engine": engine})
+            took, out = await cell(server, kid, code)
             assert out == expected
             times["restore on run"].append(took)
-            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})
+            await server.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {"engine": engine})
             t0 = time.perf_counter()
             await asyncio.to_thread(about_to_use, kid, server.url, "secret-token")
             times["hint answer"].append(time.perf_counter() - t0)
             await asyncio.sleep(think)  # the user types
-            took, out = await cell(server, kid)
+            took, out = await cell(server, kid, code)
             assert out == expected
             times[f"hint, {think:g} s, run"].append(took)
     finally:
         server.sigterm()
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gb": gb,
+    return {"machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "workload": "W2" if w2 else f"{gb:g} GiB numpy", "engine": engine,
             "think_s": think, "rounds": rounds, **{f"{k} (median s)": statistics.median(v) for k, v in times.items()},
             "raw": times}
 
@@ -80,9 +85,11 @@ if __name__ == "__main__":
     parser.add_argument("--gb", type=float, default=1.0)
     parser.add_argument("--think", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--w2", action="store_true", help="the W2 GPU notebook (bench/w2_workload.py) instead of --gb")
+    parser.add_argument("--engine", choices=["criu", "snapshot"], default="criu")
     parser.add_argument("--json-out")
     args = parser.parse_args()
-    figures = asyncio.run(main(args.gb, args.think, args.rounds))
+    figures = asyncio.run(main(args.gb, args.think, args.rounds, args.w2, args.engine))
     for k, v in figures.items():
         if k != "raw":
             print(f"{k:34} {v:.3f}" if isinstance(v, float) else f"{k:34} {v}")
