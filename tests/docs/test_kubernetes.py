@@ -1,14 +1,21 @@
-"""docs/kubernetes.md is what an operator copies, so every YAML block on it is checked: the Kubernetes
-manifests against the API schemas of a pinned Kubernetes version (an unknown field fails), and the
-Zero to JupyterHub values by turning them into KubeSpawner traits as the chart's hub configuration
-does and asking KubeSpawner 7 for the pod it would create, which must have what the page promises
-and validate too. No cluster: KubeSpawner builds the manifest from a kubeconfig that points nowhere,
-for users JupyterHub makes from its own database, as the hub does."""
+"""docs/kubernetes.md and deploy/ are what an operator copies, so every YAML block on the page and every
+file of deploy/kubernetes (as kustomize renders it) and deploy/z2jh is checked: the Kubernetes manifests
+against the API schemas of a pinned Kubernetes version (an unknown field fails), and the Zero to
+JupyterHub values by turning them into KubeSpawner traits as the chart's hub configuration does and
+asking KubeSpawner 7 for the pod it would create, which must have what the page promises and validate
+too. The images they name are the ones the page's `docker build` commands make from images/. No
+cluster: KubeSpawner builds the manifest from a kubeconfig that points nowhere, for users JupyterHub
+makes from its own database, as the hub does."""
 from __future__ import annotations
 
 import asyncio
 import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +31,17 @@ from kubespawner import KubeSpawner
 from traitlets.config import Config
 from traitlets.config.loader import KVArgParseConfigLoader
 
+from jupyter_gpucr import __version__
 from jupyter_gpucr.daemon.protocol import DEFAULT_SOCKET
 from jupyter_gpucr.server.config import GPUCR
 from jupyter_gpucr.server.remote import remote_url
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "kubernetes.md"
-DAEMONSET_FILE = ROOT / "deploy" / "kubernetes" / "gpucr-daemon.yaml"
+KUSTOMIZE_DIR = ROOT / "deploy" / "kubernetes"
+DAEMONSET_FILE = KUSTOMIZE_DIR / "gpucr-daemon.yaml"
+Z2JH_VALUES = ROOT / "deploy" / "z2jh" / "values.yaml"
+Z2JH_DAEMON_VALUES = ROOT / "deploy" / "z2jh" / "values-daemon.yaml"
 KUBERNETES = "1.30"  # the API the manifests are checked against: they must not need anything newer
 VALUES_FILE = re.compile(r"# (config[\w-]*\.yaml)\b")
 
@@ -47,15 +58,20 @@ SINGLEUSER_TRAITS = {
     "extraTolerations": "tolerations",
     "extraResource.limits": "extra_resource_limits",
     "extraEnv": "environment",
+    "extraPodConfig": "extra_pod_config",
 }
 # Keys mapped by hand below; a value under any of them is taken whole.
 OTHER_KEYS = {"singleuser.cmd", "singleuser.image.name", "singleuser.image.tag", "singleuser.storage.extraVolumes",
-              "singleuser.storage.extraVolumeMounts", "hub.config", "hub.extraConfig", "cull.enabled", "cull.timeout",
+              "singleuser.storage.extraVolumeMounts", "singleuser.storage.type", "singleuser.storage.capacity",
+              "singleuser.storage.homeMountPath", "hub.config", "hub.extraConfig", "cull.enabled", "cull.timeout",
               "cull.every"}
 KNOWN_KEYS = {f"singleuser.{key}" for key in SINGLEUSER_TRAITS} | OTHER_KEYS
 # The chart's defaults (its values.yaml) for what the assertions read and the page may leave unset.
-CHART_DEFAULTS = {"singleuser": {"uid": 1000, "fsGid": 100, "startTimeout": 300, "cmd": "jupyterhub-singleuser"},
+CHART_DEFAULTS = {"singleuser": {"uid": 1000, "fsGid": 100, "startTimeout": 300, "cmd": "jupyterhub-singleuser",
+                                 "storage": {"type": "dynamic", "capacity": "10Gi", "homeMountPath": "/home/jovyan"}},
                   "cull": {"enabled": True, "timeout": 3600, "every": 600}}
+# The names the chart gives each user's volume and claim (singleuser.storage.dynamic's defaults).
+HOME_VOLUME, HOME_CLAIM = "volume-{user_server}", "claim-{user_server}"
 
 
 def yaml_blocks() -> list[str]:
@@ -120,6 +136,14 @@ def spawner_config(chart_values: dict[str, Any]) -> Config:
     config.KubeSpawner.image = f"{image['name']}:{image['tag']}"
     config.KubeSpawner.volumes = list(dig(chart_values, "singleuser.storage.extraVolumes") or [])
     config.KubeSpawner.volume_mounts = list(dig(chart_values, "singleuser.storage.extraVolumeMounts") or [])
+    if dig(chart_values, "singleuser.storage.type") == "dynamic":  # a PVC per user, mounted as the home
+        config.KubeSpawner.pvc_name_template = HOME_CLAIM
+        config.KubeSpawner.storage_pvc_ensure = True
+        config.KubeSpawner.storage_capacity = dig(chart_values, "singleuser.storage.capacity")
+        config.KubeSpawner.volumes = [{"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}},
+                                      *config.KubeSpawner.volumes]
+        config.KubeSpawner.volume_mounts = [{"name": HOME_VOLUME, "mountPath": dig(chart_values, "singleuser.storage.homeMountPath")},
+                                            *config.KubeSpawner.volume_mounts]
     for cls, traits in (dig(chart_values, "hub.config") or {}).items():
         assert cls != "KubeSpawner" or set(traits) <= set(KubeSpawner.class_traits(config=True)), traits
         config[cls].update(traits)
@@ -211,7 +235,7 @@ def test_daemonset_has_what_the_daemon_needs() -> None:
     assert socket == DEFAULT_SOCKET  # where servers look unless configured otherwise
     mount, volume = mount_for({"spec": spec}, socket)
     assert volume["hostPath"]["path"] == mount["mountPath"] == os.path.dirname(DEFAULT_SOCKET)
-    assert manifest("DaemonSet")["metadata"]["namespace"] == manifest("Secret")["metadata"]["namespace"]
+    assert "namespace" not in manifest("DaemonSet")["metadata"]  # kustomization.yaml sets it
 
 
 def test_values_use_only_keys_the_test_maps() -> None:
@@ -264,4 +288,202 @@ def test_daemon_values_give_each_user_a_uid_and_the_socket(pods_for, monkeypatch
         daemon_mount, daemon_volume = mount_for(manifest("DaemonSet")["spec"]["template"], DEFAULT_SOCKET)
         assert volume["hostPath"]["path"] == daemon_volume["hostPath"]["path"] and mount["readOnly"]
         assert "emptyDir" in mount_for(pod, server_options(container, monkeypatch).cache_dir)[1]  # still there
+    assert len(uids) == 2 and not uids & {0, 1000}
+
+
+# -- deploy/: the images, the daemon's kustomization and the Zero to JupyterHub recipe -------------------------
+
+DOCKERFILES = ("images/singleuser/Dockerfile", "images/daemon/Dockerfile")
+
+
+def built_images() -> dict[str, str]:
+    """Dockerfile -> the NAME:TAG that the page's ``docker build`` commands give its image."""
+    built = {}
+    for block in re.findall(r"^```bash\n(.*?)^```", PAGE.read_text(), flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv[:2] == ["docker", "build"]:
+                assert argv[-1] == ".", line  # the build context is the repository root (.dockerignore)
+                built[argv[argv.index("-f") + 1]] = argv[argv.index("-t") + 1]
+    return built
+
+
+def kustomization() -> dict[str, Any]:
+    return yaml.safe_load((KUSTOMIZE_DIR / "kustomization.yaml").read_text())
+
+
+def kustomize_build() -> list[dict[str, Any]]:
+    """What ``kubectl apply -k deploy/kubernetes`` applies: the resources with the kustomization's namespace
+    (a Namespace object is renamed to it) and images, as kustomize renders the fields this one uses."""
+    k = kustomization()
+    assert set(k) <= {"apiVersion", "kind", "namespace", "resources", "images"}, "fields this rendering ignores"
+    images = {i["name"]: f"{i.get('newName', i['name'])}:{i['newTag']}" for i in k.get("images", [])}
+    rendered = []
+    for resource in k["resources"]:
+        for doc in yaml.safe_load_all((KUSTOMIZE_DIR / resource).read_text()):
+            assert "namespace" not in doc["metadata"], f"{resource} hard-codes its namespace"
+            if doc["kind"] == "Namespace":
+                doc["metadata"]["name"] = k["namespace"]
+            else:
+                doc["metadata"]["namespace"] = k["namespace"]
+            for container in dig(doc, "spec.template.spec.containers") or []:
+                container["image"] = images.get(container["image"].rsplit(":", 1)[0], container["image"])
+            rendered.append(doc)
+    return rendered
+
+
+def rendered(kind: str) -> dict[str, Any]:
+    (found,) = [doc for doc in kustomize_build() if doc["kind"] == kind]
+    return found
+
+
+def z2jh_values(*files: Path) -> dict[str, Any]:
+    """The values of ``helm ... -f FILE -f FILE2``."""
+    merged: dict[str, Any] = {}
+    for file in files:
+        merged = helm_merge(merged, yaml.safe_load(file.read_text()))
+    return merged
+
+
+def test_page_builds_each_image_from_its_dockerfile() -> None:
+    built = built_images()
+    assert sorted(built) == sorted(DOCKERFILES)
+    for dockerfile, image in built.items():
+        assert (ROOT / dockerfile).is_file()
+        assert image.endswith(f":{__version__}"), image
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_bases_are_pinned_and_its_sources_exist(dockerfile: str) -> None:
+    text = (ROOT / dockerfile).read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))
+    stages = re.findall(r"^FROM \S+ AS (\w+)$", text, flags=re.M)
+    for base in re.findall(r"^FROM (\S+)", text, flags=re.M):
+        image = args[base[2:-1]] if base.startswith("${") else base
+        name, _, tag = image.rpartition(":")
+        assert name and tag not in ("", "latest") and "/" not in tag, f"{image}: pin the base by its tag"
+    for source in re.findall(r"^COPY (?:--from=(\w+) )?(?:--chown=\S+ )?(\S+) \S+$", text, flags=re.M):
+        stage, path = source
+        assert stage in stages if stage else (ROOT / path).exists(), source
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    # a clean tree: the wheel's lab extension is always the production build made in the image
+    assert {"jupyter_gpucr/labextension", "labextension/node_modules", ".venv", ".git"} <= set(ignored)
+
+
+def test_singleuser_image_is_a_jupyter_image_with_gpucr_enabled() -> None:
+    text = (ROOT / DOCKERFILES[0]).read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, flags=re.M)
+    assert base and base.group(1).startswith("quay.io/jupyter/pytorch-notebook:cuda12-")
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, flags=re.M)  # its user, home and start scripts
+    assert 'grep -E "jupyter_gpucr.*enabled"' in text and 'grep -E "jupyter-gpucr.*enabled"' in text
+    assert "fix-permissions" in text and not re.search(r"^USER ", text, flags=re.M)
+
+
+def test_daemon_image_has_what_criu_needs_and_no_driver() -> None:
+    text = (ROOT / DOCKERFILES[1]).read_text()
+    assert "install-criu.sh --bundle-only" in text
+    for tool in ("util-linux", "nftables"):
+        assert re.search(rf"apt-get install .*\b{tool}\b", text), tool
+    assert not re.search(r"apt-get install .*(nvidia|cuda)", text)  # the toolkit mounts the node's at run time
+
+
+def test_kustomization_sets_the_namespace_and_its_pod_security() -> None:
+    namespace, daemonset = rendered("Namespace"), rendered("DaemonSet")
+    assert namespace["metadata"]["name"] == daemonset["metadata"]["namespace"] == kustomization()["namespace"]
+    # a privileged pod is admitted only where the namespace's Pod Security policy is privileged
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["hostPID"] and spec["containers"][0]["securityContext"]["privileged"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    for doc in kustomize_build():
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_kustomize_renders_the_same() -> None:
+    out = subprocess.run(["kubectl", "kustomize", str(KUSTOMIZE_DIR)], capture_output=True, text=True, check=True).stdout
+    by_kind = lambda docs: sorted(docs, key=lambda doc: doc["kind"])  # noqa: E731
+    assert by_kind(yaml.safe_load_all(out)) == by_kind(kustomize_build())
+
+
+def test_daemonset_runtime_resources_probes_and_image() -> None:
+    spec = rendered("DaemonSet")["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    (container,) = spec["containers"]
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert DEFAULT_SOCKET in " ".join(container[probe]["exec"]["command"]), probe
+    (image,) = kustomization()["images"]
+    built = built_images()[DOCKERFILES[1]]
+    assert manifest("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"] == built
+    assert container["image"] == f"{image['newName']}:{image['newTag']}"
+    assert image["newName"].endswith("/" + built.rsplit(":", 1)[0]) and image["newTag"] == built.rsplit(":", 1)[1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the daemon runs as root")
+def test_daemon_probes_pass_with_the_daemon_and_fail_without(tmp_path: Path) -> None:
+    (container,) = rendered("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    socket = str(tmp_path / "daemon.sock")
+
+    def probes() -> list[int]:
+        return [subprocess.run([sys.executable if arg == "python3" else arg.replace(DEFAULT_SOCKET, socket)
+                                for arg in container[probe]["exec"]["command"]], capture_output=True, timeout=60).returncode
+                for probe in ("livenessProbe", "readinessProbe")]
+
+    assert 0 not in probes()
+    daemon = subprocess.Popen([sys.executable, "-m", "jupyter_gpucr.daemon.server", "--socket", socket,
+                               "--state-dir", str(tmp_path / "state")], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(socket) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert probes() == [0, 0]
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+
+def test_z2jh_values_use_only_keys_the_test_maps() -> None:
+    assert unmapped_keys(z2jh_values(Z2JH_VALUES, Z2JH_DAEMON_VALUES)) == []
+
+
+def test_z2jh_recipe_gives_a_gpu_pod_with_gpucr_and_the_store_on_its_volume(pods_for, monkeypatch: pytest.MonkeyPatch) -> None:
+    chart_values = z2jh_values(Z2JH_VALUES)
+    ((spawner, pod),) = pods_for(chart_values, "alice")
+    kubernetes_validate.validate(pod, KUBERNETES, strict=True)
+    (container,) = pod["spec"]["containers"]
+    assert container["image"].endswith("/" + built_images()[DOCKERFILES[0]])
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+    options = server_options(container, monkeypatch)
+    assert options.suspend_on_stop and 0 < options.idle_timeout < dig(helm_merge(CHART_DEFAULTS, chart_values), "cull.timeout")
+    assert spawner.delete_grace_period == options.spawner_stop_timeout > options.stop_budget
+    assert spawner.start_timeout > spawner.delete_grace_period
+    store = env_of(container)["GPUCR_STORE"]["value"]
+    mount, volume = mount_for(pod, store)
+    assert volume["persistentVolumeClaim"]["claimName"] == spawner.pvc_name and not mount.get("readOnly")
+    assert [v for v in pod["spec"]["volumes"] if "hostPath" in v] == []  # no daemon socket: the snapshot engine
+
+    # it lands on the nodes the daemon's DaemonSet selects, and the daemon tolerates what it tolerates
+    daemon = rendered("DaemonSet")["spec"]["template"]["spec"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    expressions = [e for term in terms for e in term["matchExpressions"]]
+    assert [{"key": key, "operator": "In", "values": [value]} for key, value in daemon["nodeSelector"].items()] == expressions
+    assert all(toleration in daemon["tolerations"] for toleration in pod["spec"]["tolerations"])
+
+
+def test_z2jh_daemon_values_mount_the_daemons_socket(pods_for, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = pods_for(z2jh_values(Z2JH_VALUES, Z2JH_DAEMON_VALUES), "alice", "bob")
+    _, daemon_volume = mount_for(rendered("DaemonSet")["spec"]["template"], DEFAULT_SOCKET)
+    uids = set()
+    for spawner, pod in made:
+        kubernetes_validate.validate(pod, KUBERNETES, strict=True)
+        (container,) = pod["spec"]["containers"]
+        mount, volume = mount_for(pod, DEFAULT_SOCKET)
+        assert volume["hostPath"]["path"] == daemon_volume["hostPath"]["path"] and mount["readOnly"]
+        assert server_options(container, monkeypatch).daemon_socket == DEFAULT_SOCKET
+        # the rest of the recipe is still there
+        assert pod["spec"]["runtimeClassName"] == "nvidia" and container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert mount_for(pod, env_of(container)["GPUCR_STORE"]["value"])[1]["persistentVolumeClaim"]["claimName"] == spawner.pvc_name
+        uids.add(container["securityContext"]["runAsUser"])
     assert len(uids) == 2 and not uids & {0, 1000}
