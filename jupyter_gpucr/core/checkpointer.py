@@ -435,7 +435,13 @@ class Checkpointer:
                 running = self._restore_locked(name, rec, ckpt, gpu, progress, detach, beside, run_while_filled=False,
                                                files=files)
                 running.timings["first_attempt"] = time.perf_counter() - t0 - running.timings["total"]
-            running.relocated = dict(files or {})
+            # files of its folder copied since its checkpoint (put aside in the trash): the same path,
+            # another file, which IPython's history (SQLite) is told to open anew, as after a move
+            copied = rec.get("copied_files") or []
+            running.relocated = {**{p: p for p in copied}, **(files or {})}
+            if copied:
+                self.store.write_proc(name, cast(ProcRecord, {k: v for k, v in self.store.read_proc(name).items()
+                                                              if k != "copied_files"}))
             # the lock and the records read before: part of what the user waits for
             running.timings["records"] = t0 - asked
             running.timings["total"] += t0 - asked

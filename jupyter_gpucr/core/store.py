@@ -83,6 +83,7 @@ class ProcRecord(TypedDict, total=False):
     forked_from: dict[str, str]  # a fork's source: its name and the checkpoint the fork was made from
     netns: dict[str, Any]  # a fork's own network namespace: its relay's host ports (core/netns.py)
     files: dict[str, str]  # a fork's own copies of the files its source had open for writing
+    copied_files: list[str]  # files of its folder that are copies of those its image had open (a trash entry's)
     moved_from: str  # the process's folder on the node whose checkpoint was downloaded here (core/upload.py)
 
 
@@ -117,12 +118,23 @@ class Manifest(TypedDict, total=False):
     offload: dict[str, Any]
     owner: dict[str, Any]
     daemon_images: str  # a mirror of a checkpoint whose images are in the gpucr daemon's store
+    savepoint: dict[str, Any]  # a save point's name, last cell and state (server/savepoints.py)
+    from_savepoint: str  # the save point a process went back to (this checkpoint is its copy)
     open_files: dict[str, Any]  # the files its process holds open, for a restore elsewhere (core/openfiles.py)
 
 
 def read_record(proc_dir: Path) -> ProcRecord:
     """The record in a process's folder; {} when it has none (or an unreadable one)."""
     return cast(ProcRecord, read_json(proc_dir / PROC_RECORD) or {})
+
+
+#: A checkpoint's reason when it is a save point: taken to go back to, kept beside the process's
+#: other checkpoints, never the one it is suspended in (``latest``), with a retention of its own.
+SAVE_POINT = "savepoint"
+
+
+def is_save_point(ckpt: Checkpoint) -> bool:
+    return ckpt.manifest.get("reason") == SAVE_POINT
 
 
 def default_root() -> Path:
@@ -360,8 +372,9 @@ class Store:
 
     def latest(self, name: str) -> Checkpoint | None:
         """The newest checkpoint of ``name``; CheckpointDamagedError when the newest one is damaged,
-        rather than silently falling back to an older one or to none."""
-        items = self.list_checkpoints(name)
+        rather than silently falling back to an older one or to none. Save points
+        (:func:`is_save_point`) are not what a process is suspended in: never the latest."""
+        items = [c for c in self.list_checkpoints(name) if not is_save_point(c)]
         bad = [p for p in self._checkpoint_dirs(name) if p.name not in {c.id for c in items}]
         newest_bad = max(bad, key=lambda p: time_of_id(p.name), default=None)
         if newest_bad is not None and (not items or time_of_id(newest_bad.name) >= int(items[-1].created)):
@@ -398,7 +411,8 @@ class Store:
         """Delete older checkpoints of ``name`` beyond ``keep_last``, then oldest ones store-wide
         while the store exceeds ``max_bytes``; the newest checkpoint of each name is always kept."""
         deleted = []
-        for ckpt in self.list_checkpoints(name)[: -max(keep_last, 1)]:
+        # save points have a limit of their own (the server's max_save_points), and count in max_bytes only
+        for ckpt in [c for c in self.list_checkpoints(name) if not is_save_point(c)][: -max(keep_last, 1)]:
             self.delete(ckpt.id)
             deleted.append(ckpt.id)
         if max_bytes is not None:
@@ -414,6 +428,76 @@ class Store:
                 deleted.append(ckpt.id)
                 total -= ckpt.size
         return deleted
+
+    def copy_checkpoint(self, cid: str, reason: str, extra: dict[str, Any] | None = None,
+                        drop: tuple[str, ...] = ()) -> Checkpoint:
+        """A new checkpoint of the same process holding the same images, made of hard links to
+        them (instant, no space): its manifest is the original's with a new id, ``created`` now,
+        ``reason``, ``extra`` added and the keys in ``drop`` removed. A save point of a suspended
+        process, and the copy of a save point a process goes back to, are made so; neither
+        touches the original (a restore only reads its images)."""
+        src = self.get(cid)
+        new_cid, tmp = self.new_checkpoint_dir(src.name)
+        try:
+            for dirpath, dirnames, filenames in os.walk(src.path):
+                rel = Path(dirpath).relative_to(src.path)
+                for d in dirnames:
+                    make_private_dir(tmp / rel / d)
+                for f in filenames:
+                    if rel == Path(".") and f in (MANIFEST, INTENT):
+                        continue
+                    os.link(Path(dirpath) / f, tmp / rel / f)
+            manifest = cast(Manifest, {k: v for k, v in src.manifest.items() if k not in drop})
+            manifest.update(cast(Manifest, {**(extra or {}), "reason": reason, "created": time.time()}))
+            return self.commit_checkpoint(new_cid, tmp, manifest)
+        except BaseException:
+            self.discard(tmp)
+            raise
+
+    def trash_checkpoint(self, name: str, cid: str, reason: str, details: dict[str, Any] | None = None,
+                         move: tuple[str, ...] = ()) -> str:
+        """Put one checkpoint of ``name`` aside in the trash, with a copy of the files of its
+        process folder as they are now (its record, logs, history: what the checkpoint's restore
+        needs) and the folders in ``move`` moved there; return the trash id. Restoring it from
+        the trash (:meth:`untrash`) brings it back under ``name`` once nothing else uses the name.
+        The state a process leaves when it goes back to a save point goes there."""
+        src = self.checkpoints_root / validate_name(cid, "checkpoint id")
+        if not src.is_dir():
+            raise NotFoundError(f"No checkpoint {cid!r} in {self.root}.", "Run 'gpucr ls' to list them.")
+        tid = new_id(name)
+        entry = make_private_dir(self.trash_root / tid)
+        write_json_atomic(entry / TRASH_INFO, {**(details or {}), "id": tid, "name": name, "trashed_at": time.time(),
+                                               "reason": reason, "checkpoints": [cid]})
+        proc, kept = self.proc_dir(name), make_private_dir(entry / "proc")
+        copied = []
+        for f in proc.iterdir():
+            if f.is_file() and not f.is_symlink():
+                shutil.copy2(f, kept / f.name)
+                copied.append(str(f))
+        rec = read_record(kept)
+        if rec:  # the copies are new files: a process that had one open is told at its restore (SQLite checks)
+            write_json_atomic(kept / PROC_RECORD, {**rec, "state": "checkpointed", "pid": None, "checkpoint": cid,
+                                                   "copied_files": copied})
+        for folder in move:
+            if (proc / folder).exists():
+                os.rename(proc / folder, kept / folder)
+        make_private_dir(entry / "checkpoints")
+        os.rename(src, entry / "checkpoints" / cid)
+        tighten_permissions(entry / "checkpoints")
+        fsync_path(entry)
+        return tid
+
+    def put_back_trashed_checkpoint(self, tid: str, move: tuple[str, ...] = ()) -> None:
+        """Undo :meth:`trash_checkpoint` (the process folder's files stay as they are now)."""
+        entry = self._trash_entry(tid)
+        name = validate_name(self._trash_info(entry)["name"])
+        for p in (entry / "checkpoints").iterdir():
+            os.rename(p, self.checkpoints_root / p.name)
+        for folder in move:
+            if (entry / "proc" / folder).exists():
+                shutil.rmtree(self.proc_dir(name) / folder, ignore_errors=True)
+                os.rename(entry / "proc" / folder, self.proc_dir(name) / folder)
+        self._remove_dir(entry)
 
     # -- trash --------------------------------------------------------------------------
     def _running_pid(self, name: str) -> int | None:

@@ -22,6 +22,7 @@ from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness
 from .remote import remote_url, store_keys
 from .room_handlers import room_handlers
+from .savepoints import savepoint_handlers
 from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
 
@@ -94,7 +95,7 @@ class GPUCRApp(ExtensionApp):
         raise SystemExit(f"gpucr: {message} {hint}")
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend([*handlers(), *fork_handlers(), *room_handlers()])
+        self.handlers.extend([*handlers(), *fork_handlers(), *savepoint_handlers(), *room_handlers()])
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.

@@ -113,6 +113,11 @@ class GPUCR(Configurable):
         "trash (for trash_hours, restorable from there), then is deleted. For kernels nobody comes back to, "
         "such as an agent framework's throwaway kernels. 0: kept until shut down. Kernel Gateway's default: 24.",
     )
+    max_save_points = Integer(
+        5, min=1, config=True,
+        help="Save points kept per kernel (POST /api/gpucr/kernels/ID/savepoints, 'gpucr kernel savepoint'); taking "
+        "one more drops the oldest. They count in max_store_bytes like every checkpoint, and not in keep_last.",
+    )
     trash_hours = Float(
         24.0, config=True,
         help="Hours a suspended kernel's checkpoint stays in the trash after the kernel was shut down or "

@@ -57,9 +57,14 @@ class SourceCheckpoint:
             service.store.delete(self.checkpoint.id)
 
 
-async def checkpoint_running(service: Any, kernel_id: str, km: Any) -> SourceCheckpoint:
+async def checkpoint_running(service: Any, kernel_id: str, km: Any, reason: str = "fork",
+                             extra: dict[str, Any] | None = None, detach: str | None = None) -> SourceCheckpoint:
     """See the module docstring. Raises (the kernel running, with its tensors if at all possible)
-    when the checkpoint cannot be made."""
+    when the checkpoint cannot be made. ``reason`` and ``extra``: the checkpoint's (a save point's
+    are ``savepoint`` and its name: ``server/savepoints.py``). ``detach`` (the kernel's
+    execution state, reported meanwhile): the server's own connections to the kernel are closed
+    for the dump, as for a suspend, and opened again after it: an image restored under the kernel's own id, in the host's network (a save point gone
+    back to), must hold no connection to this server (a fork's namespace cuts them instead)."""
     store = service.store
     offload_to = store.proc_dir(kernel_id) / OFFLOAD_DIR
     kept = store.proc_dir(kernel_id) / FORK_TENSORS
@@ -72,14 +77,20 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any) -> SourceChe
             moved = await _move_tensors_out(service, km, offload_to)
             report.update(moved)
             t1 = time.perf_counter()
+            detached = False
             try:
-                ckpt = made = await asyncio.to_thread(service.checkpointer.checkpoint, kernel_id, True, "fork",
-                                                      {"offload": moved.get("offload")})
+                if detach is not None:
+                    await service.kernel_manager.detach_kernel(kernel_id, detach)
+                    detached = True
+                ckpt = made = await asyncio.to_thread(service.checkpointer.checkpoint, kernel_id, True, reason,
+                                                      {**(extra or {}), "offload": moved.get("offload")})
                 report["dump"] = made.manifest.get("timings", {})
                 await asyncio.to_thread(keep_written_files, made, store.proc_dir(kernel_id))
                 if offload_to.is_dir():
                     _link_all(offload_to, kept)
             finally:
+                if detached:
+                    await service.kernel_manager.reattach_kernel(kernel_id, wake=False)
                 t2 = time.perf_counter()
                 report["checkpoint_s"] = round(t2 - t1, 3)
                 report["reload"] = await _tensors_back(service, kernel_id, km, offload_to)
@@ -92,8 +103,8 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any) -> SourceChe
                 store.delete(ckpt.id)
         raise
     assert ckpt is not None  # else the checkpoint raised
-    service.log.info("gpucr: kernel %s was paused %.2f s for its fork (%d MiB of GPU tensors moved out and back)",
-                     kernel_id, report["paused_s"], (report.get("offload") or {}).get("bytes", 0) >> 20)
+    service.log.info("gpucr: kernel %s was paused %.2f s for its %s (%d MiB of GPU tensors moved out and back)",
+                     kernel_id, report["paused_s"], "save point" if reason == "savepoint" else reason, (report.get("offload") or {}).get("bytes", 0) >> 20)
     return SourceCheckpoint(ckpt, kept if kept.is_dir() else None, report)
 
 

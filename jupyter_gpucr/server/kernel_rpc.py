@@ -136,20 +136,25 @@ async def reload_from(client: Any, path: str | os.PathLike[str], timeout: float 
     return await _call(client, "reload_tensors_from", {"path": os.path.abspath(path)}, timeout)
 
 
-async def reopen_history(client: Any, path: str | os.PathLike[str], timeout: float | None = 60.0) -> dict[str, Any]:
+async def reopen_history(client: Any, path: str | os.PathLike[str], timeout: float | None = 60.0,
+                         again: bool = False) -> dict[str, Any]:
     """Point IPython's history database at ``path``: the kernel was restored with its folder moved
-    (another node, a fork), and SQLite will not write through the path it opened."""
-    return await _call(client, "reopen_history", {"path": os.path.abspath(path)}, timeout)
+    (another node, a fork), and SQLite will not write through the path it opened; ``again``: the
+    same path, whose file was replaced by a copy (a state taken out of the trash)."""
+    arguments: dict[str, Any] = {"path": os.path.abspath(path)}
+    if again:
+        arguments["again"] = True
+    return await _call(client, "reopen_history", arguments, timeout)
 
 
 async def follow_moved_history(km: Any, relocated: Mapping[str, str]) -> None:
     """A kernel restored with its files moved (``Running.relocated``) writes its history at the
     new path; a kernel that cannot be told so keeps running, without saving history (logged)."""
-    moved = [new for new in relocated.values() if os.path.basename(new) == HISTORY_FILE]
+    moved = [(old, new) for old, new in relocated.items() if os.path.basename(new) == HISTORY_FILE]
     if not moved:
         return
     try:
-        await with_client(km, reopen_history, moved[0])
+        await with_client(km, reopen_history, moved[0][1], again=moved[0][0] == moved[0][1])
     except SnapshotError as e:
         km.log.warning("gpucr: kernel %s runs, but its history is not saved any more: %s", km.kernel_id, e)
 

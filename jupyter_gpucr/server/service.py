@@ -594,6 +594,14 @@ class KernelSuspender:
         ``replace``). ``sessions``: give the kernel its notebook sessions back; a client that
         connects the notebook it has open itself says False, or that notebook would get a second
         session."""
+        item = next((t for t in self.store.list_trash() if t["id"] == trash_id), {})
+        kernel_id = str(item.get("kernel_id") or "")
+        if replace and item.get("reason") == "goback" and kernel_id in self.kernel_manager and \
+                self.lifecycle.state_of(kernel_id) == RUNNING:
+            # the state a kernel left when it went back to a save point, restored in place of the kernel
+            # it went back to: that one is suspended first, so it goes to the trash in turn (and no
+            # connection of its killed process lingers on the addresses the restored one takes back)
+            await self.suspend(kernel_id, reason="goback")
         name = await self.trash.take_out(trash_id, replace)
         self._untrashed_at[name] = time.time()
         return await self.relister.list_on_disk(name, latest(self.store, name), sessions=sessions)

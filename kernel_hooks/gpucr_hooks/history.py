@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Any
 
 
-def reopen_history(path: str) -> dict[str, Any]:
-    """Reconnect the shell's history manager and its saving thread to ``path``."""
+def reopen_history(path: str, again: bool = False) -> dict[str, Any]:
+    """Reconnect the shell's history manager and its saving thread to ``path``; ``again``: also
+    when it is the path it has open (the file there was replaced by a copy: SQLite would take it
+    for a moved database and refuse to write)."""
     from IPython import get_ipython
     from IPython.core.history import HistorySavingThread
 
     shell = get_ipython()
     manager = getattr(shell, "history_manager", None)
-    if manager is None or not manager.enabled or str(manager.hist_file) in (path, ":memory:"):
+    if manager is None or not manager.enabled or str(manager.hist_file) == ":memory:" or \
+            (str(manager.hist_file) == path and not again):
         return {"reopened": False}
     thread = manager.save_thread
     if thread is not None:

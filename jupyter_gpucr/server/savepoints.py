@@ -1,0 +1,392 @@
+"""Save points: keep a kernel's whole state at a moment, go on, and go back to it (issue 44).
+
+``POST /api/gpucr/kernels/{id}/savepoints`` with ``{"name": "before training"}`` takes one. Of a
+running kernel it is the checkpoint a fork's source gets (``fork_source.py``): its messages wait
+in the server, its GPU tensors go out into files and back, CRIU dumps it and leaves it running;
+the kernel runs on as it was. Of a suspended kernel it is a copy of the checkpoint it is in, made
+of hard links (instant). Either way it is a checkpoint of the kernel with the reason
+``savepoint`` (``core/store.py``), kept with the copies of the files the kernel had open for
+writing (its history database and logs: ``fork-files/ID``) and links to its offloaded GPU
+tensors (``savepoint-tensors/ID``). A kernel keeps ``c.GPUCR.max_save_points`` of them, the
+oldest dropped; they count in the store's byte quota like every checkpoint; shutting the
+kernel down takes them with it (to the trash when it is on disk).
+
+Going back (``POST .../savepoints/{sp}/restore``) suspends a running kernel as usual, puts the
+checkpoint it is then in into the trash (restorable from there, which replaces the kernel), and
+restores the kernel under its id from a copy of the save point (hard links again: the save point
+stays, to go back to again). Before anything is touched, the files the save point's image has
+open are checked as a restore checks them: one that changed size since is named, and nothing is
+done. The kernel's own files (history, logs) go back with it.
+
+``POST .../savepoints/{sp}/fork``: new kernels from the save point, as a fork of a suspended
+kernel is made; the kernel itself is not touched.
+
+Only the server's own whole-process engine makes save points (not through the gpucr daemon,
+not the snapshot engine); going back is refused with object storage (``c.GPUCR.store`` a URL).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from tornado import web
+
+from ..core.checkpointer import Checkpointer
+from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
+from ..core.files import make_private_dir
+from ..core.fork import KEPT_FILES, _flat, keep_written_files
+from ..core.images import read_image
+from ..core.store import SAVE_POINT, Checkpoint, is_save_point
+from . import kernel_rpc
+from .engines import OFFLOAD_DIR
+from .fork import MAX_FORKS, KernelForker
+from .fork_source import checkpoint_running
+from .handlers import _KERNEL_ID, GPUCRHandler
+from .lifecycle import RUNNING, SUSPENDED
+
+#: Links to a save point's offloaded GPU tensors, by save point id, in the kernel's folder.
+TENSORS = "savepoint-tensors"
+#: The longest name a save point may have, and how much of the last cell's code is kept.
+MAX_NAME = 200
+MAX_CODE = 2000
+_NOT_CHECKED = ("/proc/", "/sys/", "/dev/")
+
+
+class SavePoints:
+    """The save points of one server's kernels (see the module docstring)."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self.store = service.store
+
+    # -- looking -------------------------------------------------------------------------
+    def listed(self, kernel_id: str) -> list[dict[str, Any]]:
+        """The kernel's save points, oldest first."""
+        self.service._kernel(kernel_id)
+        return [self.summary(c) for c in self._of(kernel_id)]
+
+    def _of(self, kernel_id: str) -> list[Checkpoint]:
+        return [c for c in self.store.list_checkpoints(kernel_id) if is_save_point(c)]
+
+    def get(self, kernel_id: str, sp_id: str) -> Checkpoint:
+        self.service._kernel(kernel_id)
+        for c in self._of(kernel_id):
+            if c.id == sp_id:
+                return c
+        raise NotFoundError(f"Kernel {kernel_id} has no save point {sp_id!r}.",
+                            f"List them with GET /api/gpucr/kernels/{kernel_id}/savepoints.")
+
+    def summary(self, ckpt: Checkpoint) -> dict[str, Any]:
+        sp = ckpt.manifest.get("savepoint") or {}
+        tensors = self.store.proc_dir(ckpt.name) / TENSORS / ckpt.id
+        extra = sum(f.stat().st_size for f in tensors.iterdir()) if tensors.is_dir() else 0
+        return {"id": ckpt.id, "kernel_id": ckpt.name, "name": sp.get("name"), "created": ckpt.created,
+                "size": ckpt.size + extra, "cell": sp.get("cell"), "kernel_state": sp.get("kernel_state"),
+                "paused_s": sp.get("paused_s"), "kind": ckpt.kind}
+
+    # -- save ----------------------------------------------------------------------------
+    async def save(self, kernel_id: str, name: str | None = None) -> dict[str, Any]:
+        """Take a save point; the kernel is left as it was. Returns its summary (``paused_s``: how
+        long a running kernel was paused for it, ``pause``: where that went)."""
+        km = self._kernel(kernel_id)
+        name = _checked_name(name)
+        t0 = time.perf_counter()
+        async with self.service.operation(kernel_id):
+            state = self.service.lifecycle.state_of(kernel_id)
+            if state == RUNNING:
+                self._check_running(km)  # before the history request, whose own 'busy' it would see
+            idle = km.execution_state
+            details = {"name": name, "cell": await self._last_cell(kernel_id, km, state), "kernel_state": state}
+            if state == RUNNING:
+                source = await checkpoint_running(self.service, kernel_id, km, SAVE_POINT, {"savepoint": details},
+                                                  detach=idle)
+                ckpt, pause = source.checkpoint, source.report
+                if source.tensors is not None:
+                    make_private_dir(self.store.proc_dir(kernel_id) / TENSORS)
+                    os.rename(source.tensors, self._tensors(ckpt))
+            elif state == SUSPENDED:
+                now = self._criu_checkpoint(kernel_id)
+                ckpt = await asyncio.to_thread(self.store.copy_checkpoint, now.id, SAVE_POINT, {"savepoint": details})
+                pause = None
+                offloaded = self.store.proc_dir(kernel_id) / OFFLOAD_DIR
+                if offloaded.is_dir():
+                    _link_all(offloaded, self._tensors(ckpt))
+                await asyncio.to_thread(keep_written_files, ckpt, self.store.proc_dir(kernel_id))
+            else:
+                raise StateError(f"The kernel is {state}.", "Take a save point once it is running or suspended.")
+            dropped = self._apply_limit(kernel_id)
+        out = self.summary(ckpt)
+        out["took_s"] = round(time.perf_counter() - t0, 3)
+        if pause is not None:
+            out["paused_s"] = pause.get("paused_s")
+            out["pause"] = pause
+        out["dropped"] = dropped
+        self.service.log.info("gpucr: save point %s of kernel %s (%s, %d MiB)", ckpt.id, kernel_id, name or "unnamed",
+                              out["size"] >> 20)
+        return out
+
+    def _apply_limit(self, kernel_id: str) -> list[str]:
+        """Drop the oldest save points past ``c.GPUCR.max_save_points``."""
+        keep = max(1, int(self.service.options.max_save_points))
+        dropped = []
+        for old in self._of(kernel_id)[:-keep]:
+            self._remove(old)
+            dropped.append(old.id)
+        return dropped
+
+    async def _last_cell(self, kernel_id: str, km: Any, state: str) -> dict[str, Any] | None:
+        """The cell the kernel ran last (its execution count and code), from the kernel's own
+        history: asked of a running kernel (one round trip), read from a suspended one's history
+        database. None when neither answers."""
+        try:
+            if state == RUNNING:
+                return await asyncio.wait_for(kernel_rpc.with_client(km, _history_tail), 3.0)
+            db = self.store.proc_dir(kernel_id) / kernel_rpc.HISTORY_FILE
+            return await asyncio.to_thread(_history_db_tail, db) if db.is_file() else None
+        except Exception as e:  # the save point does not need it
+            self.service.log.debug("gpucr: the last cell of kernel %s is not known: %s", kernel_id, e)
+            return None
+
+    # -- go back -------------------------------------------------------------------------
+    async def go_back(self, kernel_id: str, sp_id: str) -> tuple[Any, str]:
+        """The kernel back at save point ``sp_id`` under its id, running; the state it left goes
+        to the trash. Returns the kernel's state and the trash id."""
+        km = self._kernel(kernel_id)
+        sp = self.get(kernel_id, sp_id)
+        if self.service.remote:
+            raise PreconditionError("Going back to a save point is not available with object storage yet.",
+                                    "Fork from the save point instead (POST .../savepoints/{sp}/fork).")
+        self._check_files(kernel_id, sp)
+        async with self.service.operation(kernel_id):
+            state = self.service.lifecycle.state_of(kernel_id)
+            if state == RUNNING:
+                self._check_running(km)
+                await self.service._suspend_now(kernel_id, "goback", "criu")
+            elif state != SUSPENDED:
+                raise StateError(f"The kernel is {state}.", "Go back once it is running or suspended.")
+            left = self._criu_checkpoint(kernel_id)
+            path = await self.service._notebook_path(kernel_id)
+            trash_id = await asyncio.to_thread(self.store.trash_checkpoint, kernel_id, left.id, "goback",
+                                               {"notebook_path": path, "savepoint": sp.id}, (OFFLOAD_DIR,))
+            try:
+                copy = await asyncio.to_thread(self._prepare, kernel_id, sp)
+            except BaseException:
+                with contextlib.suppress(GPUCRError, OSError):
+                    self.store.put_back_trashed_checkpoint(trash_id, (OFFLOAD_DIR,))
+                raise
+            self.service.log.info("gpucr: kernel %s goes back to save point %s (as %s); the state it left is in the "
+                                  "trash as %s", kernel_id, sp.id, copy.id, trash_id)
+        try:
+            st = await self.service.resume(kernel_id)
+        except GPUCRError as e:
+            e.hint = (f"{e.hint} The kernel is suspended at the save point; the state it left is in the trash "
+                      f"({trash_id}).").strip()
+            raise
+        return st, trash_id
+
+    def _prepare(self, kernel_id: str, sp: Checkpoint) -> Checkpoint:
+        """The kernel's folder as at the save point (its written files, its GPU tensors), and the
+        copy of the save point it is restored from (the newest checkpoint: the one it is in)."""
+        d = self.store.proc_dir(kernel_id)
+        kept = d / KEPT_FILES / sp.id
+        for path in _written_files(sp):
+            copy = kept / _flat(path)
+            if Path(path).parent == d and copy.is_file():
+                shutil.copy2(copy, path)
+        tensors = self._tensors(sp)
+        if tensors.is_dir():
+            _link_all(tensors, d / OFFLOAD_DIR)
+        copy = self.store.copy_checkpoint(sp.id, "goback", {"from_savepoint": sp.id}, drop=("savepoint",))
+        rec = self.store.read_proc(kernel_id)
+        self.store.write_proc(kernel_id, {**rec, "checkpoint": copy.id})
+        return copy
+
+    def _check_files(self, kernel_id: str, sp: Checkpoint) -> None:
+        """The files the save point's image has open, as its restore will check them (their size),
+        but before anything is touched; the kernel's own (history, logs) go back with it."""
+        d = str(self.store.proc_dir(kernel_id))
+        changed = []
+        for f in read_image(sp.images).files:
+            path = f.path if f.path.startswith("/") else f"/{f.path}"
+            if f.size is None or path.startswith(_NOT_CHECKED) or path.startswith(d + "/"):
+                continue
+            with contextlib.suppress(OSError):  # gone: CRIU brings its own copy back (a deleted file)
+                now = os.stat(path).st_size
+                if now != f.size:
+                    changed.append(f"{path} ({f.size} bytes then, {now} now)")
+        if changed:
+            raise StateError(
+                f"The kernel had {'these files' if len(changed) > 1 else 'this file'} open at the save point, "
+                f"and {'they have' if len(changed) > 1 else 'it has'} changed since: {', '.join(changed)}. "
+                "Nothing was done; the kernel is as it was.",
+                "Put the file back as it was (or 'truncate -s SIZE FILE' to the size it had), or fork from the save "
+                "point instead.")
+
+    # -- fork, delete --------------------------------------------------------------------
+    async def fork(self, kernel_id: str, sp_id: str, count: int = 1, gpu: str = "auto") -> list[str]:
+        """``count`` new kernels from the save point; the kernel is not touched."""
+        km = self._kernel(kernel_id)
+        sp = self.get(kernel_id, sp_id)
+        if not 1 <= count <= MAX_FORKS:
+            raise StateError(f"Cannot make {count} forks.", f"Ask for 1 to {MAX_FORKS}.")
+        ids = [str(uuid.uuid4()) for _ in range(count)]
+        tensors = self._tensors(sp)
+        async with self.service.operation(kernel_id):
+            await KernelForker(self.service)._make(km, kernel_id, ids, gpu, sp, tensors if tensors.is_dir() else None)
+        return ids
+
+    async def delete(self, kernel_id: str, sp_id: str) -> None:
+        sp = self.get(kernel_id, sp_id)
+        async with self.service.operation(kernel_id):
+            await asyncio.to_thread(self._remove, sp)
+
+    def _remove(self, sp: Checkpoint) -> None:
+        with contextlib.suppress(NotFoundError):
+            self.store.delete(sp.id)
+        d = self.store.proc_dir(sp.name)
+        shutil.rmtree(d / TENSORS / sp.id, ignore_errors=True)
+        shutil.rmtree(d / KEPT_FILES / sp.id, ignore_errors=True)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _kernel(self, kernel_id: str) -> Any:
+        km = self.service._kernel(kernel_id)
+        if not isinstance(self.service.checkpointer, Checkpointer):
+            raise PreconditionError("This server checkpoints through the gpucr daemon, which does not make save "
+                                    "points yet.", "Suspend and restore work as before.")
+        return km
+
+    def _check_running(self, km: Any) -> None:
+        problem = self.service.engines["criu"].problem(km)
+        if problem:
+            raise PreconditionError(f"This kernel cannot have save points: {problem}.",
+                                    "Save points are made by the whole-process engine.")
+        if km.execution_state == "busy":
+            raise StateError("The kernel is running a cell.", "Take the save point (or go back) when it has finished.")
+
+    def _criu_checkpoint(self, kernel_id: str) -> Checkpoint:
+        ckpt = self.store.latest(kernel_id)
+        if ckpt is None or ckpt.manifest.get("engine") != "criu":
+            raise PreconditionError("This kernel was suspended as saved variables, which have no save points.",
+                                    "Resume it, then take the save point.")
+        return ckpt
+
+    def _tensors(self, ckpt: Checkpoint) -> Path:
+        return self.store.proc_dir(ckpt.name) / TENSORS / ckpt.id
+
+
+def _checked_name(name: Any) -> str | None:
+    if name is None or name == "":
+        return None
+    if not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable():
+        raise web.HTTPError(400, f"'name' is a printable text of at most {MAX_NAME} characters.")
+    return name
+
+
+def _written_files(ckpt: Checkpoint) -> list[str]:
+    from ..core.fork import _written_files as written
+    return written(read_image(ckpt.images))
+
+
+def _link_all(folder: Path, links: Path) -> None:
+    make_private_dir(links)
+    for f in folder.iterdir():
+        os.link(f, links / f.name)
+
+
+async def _history_tail(client: Any, timeout: float = 3.0) -> dict[str, Any] | None:
+    """The kernel's last cell from its history (a ``history_request``, which IPython answers from memory)."""
+    msg_id = client.history(raw=True, output=False, hist_access_type="tail", n=1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = await client.get_shell_msg(timeout=max(0.01, deadline - time.monotonic()))
+        if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            history = reply.get("content", {}).get("history") or []
+            if not history:
+                return None
+            _session, line, code = history[-1]
+            return {"execution_count": line, "code": str(code)[:MAX_CODE]}
+    return None
+
+
+def _history_db_tail(db: Path) -> dict[str, Any] | None:
+    """The last cell in an IPython history database (read only)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+    try:
+        row = con.execute("SELECT line, source_raw FROM history ORDER BY session DESC, line DESC LIMIT 1").fetchone()
+    finally:
+        con.close()
+    return {"execution_count": row[0], "code": str(row[1])[:MAX_CODE]} if row else None
+
+
+# -- REST -----------------------------------------------------------------------------------
+_SAVE_POINT_ID = r"(?P<savepoint_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
+
+
+class SavePointsHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        self.finish(json.dumps(SavePoints(self.service).listed(kernel_id)))
+
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str) -> None:
+        made = await SavePoints(self.service).save(kernel_id, self.body().get("name"))
+        self.set_status(201)
+        self.finish(json.dumps(made, default=str))
+
+
+class SavePointHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str, savepoint_id: str) -> None:
+        sps = SavePoints(self.service)
+        self.finish(json.dumps(sps.summary(sps.get(kernel_id, savepoint_id))))
+
+    @web.authenticated
+    @authorized(action="write")
+    async def delete(self, kernel_id: str, savepoint_id: str) -> None:
+        await SavePoints(self.service).delete(kernel_id, savepoint_id)
+        self.set_status(204)
+        self.finish()
+
+
+class GoBackHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str, savepoint_id: str) -> None:
+        st, trash_id = await SavePoints(self.service).go_back(kernel_id, savepoint_id)
+        self.finish(json.dumps({**(await self.kernel_state(kernel_id)), "trash_id": trash_id,
+                                "timings": st.timings}, default=str))
+
+
+class SavePointForkHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str, savepoint_id: str) -> None:
+        body = self.body()
+        count, gpu = body.get("count", 1), body.get("gpu", "auto")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise web.HTTPError(400, "'count' is a whole number.")
+        ids = await SavePoints(self.service).fork(kernel_id, savepoint_id, count, "auto" if gpu is None else str(gpu))
+        mkm = self.service.kernel_manager
+        self.finish(json.dumps({"kernels": [mkm.kernel_model(k) for k in ids]}, default=str))
+
+
+def savepoint_handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:
+    kernel = rf"{base}/kernels/{_KERNEL_ID}/savepoints"
+    return [
+        (kernel, SavePointsHandler),
+        (rf"{kernel}/{_SAVE_POINT_ID}", SavePointHandler),
+        (rf"{kernel}/{_SAVE_POINT_ID}/restore", GoBackHandler),
+        (rf"{kernel}/{_SAVE_POINT_ID}/fork", SavePointForkHandler),
+    ]
