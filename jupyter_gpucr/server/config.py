@@ -133,11 +133,13 @@ class GPUCR(Configurable):
     )
     restore_keepalive_s = Float(
         2.0, min=0.1, config=True,
-        help="While a restore runs, every client waiting for it hears 'status: busy' (with its request as parent) "
-        "at once and again every this many seconds, until the kernel runs its request: clients that give up when "
-        "no message comes for a while (ag2's executor after its 'timeout', jupyter_client's get_iopub_msg) keep "
-        "waiting instead of reporting a timeout for code that then runs. 2 s stays well under the shortest such "
-        "timeouts agents use (5 s) on a loaded host, for one small message per waiting request.",
+        help="While a restore runs, every websocket with a request waiting for it gets a websocket ping this often, "
+        "until the kernel has its request: clients that give up when nothing comes for a while (ag2's executor "
+        "after its 'timeout') keep waiting instead of reporting a timeout for code that then runs. A ping is a "
+        "frame of the websocket protocol, not a Jupyter message: clients hear one 'status: busy' per request, as "
+        "from a fresh kernel (and the same 'busy' again only every 15 s of a restore, for clients that give each "
+        "message a deadline, such as autogen-ext's 60 s). 2 s stays well under the shortest such timeouts agents "
+        "use (5 s) on a loaded host.",
     )
     suspend_on_stop = Bool(
         True, config=True,

@@ -20,12 +20,17 @@ open when the suspend began: a live one would wait for a kernel that is about to
 is), and jupyter_server reads nothing from a websocket until its nudge of the kernel has been
 answered. A suspend that begins while a connection is still being opened ends that nudge.
 
-While a restore runs, a ``kernel_info_request`` is answered at once from what was saved, every
-other request's client hears ``busy`` for it (a status whose parent is that request, as the kernel's
-own first message for it) at once and again every ``c.GPUCR.restore_keepalive_s`` seconds until the
-request reaches the kernel (client libraries time out between two messages: ag2's executor after
-its ``timeout``, autogen-ext after 60 s), and an interrupt cancels the requests waiting for the
-restore (each is answered as interrupted), not the restore.
+While a restore runs, a ``kernel_info_request`` is answered at once from what was saved, the
+request that restores the kernel has its ``busy`` at once (a status whose parent is that request, as
+the kernel's own first message for it; the kernel's own ``busy`` for it is then kept back), and an
+interrupt cancels the requests waiting for the restore (each is answered as interrupted), not the
+restore. After it the client hears what a fresh kernel sends: one ``busy`` and one ``idle`` per
+request, in order, nothing without a parent, none of the server's own requests (``_TrackedChannels``);
+``jupyter_kernel_test`` passes so. Keep-alive: a websocket ping every ``c.GPUCR.restore_keepalive_s``
+(client libraries time out between two reads: ag2's executor after its ``timeout``), which is no
+Jupyter message; the waiting request's ``busy`` again only every :attr:`BUSY_AGAIN_S` (autogen-ext
+gives each message 60 s; the conformance suite counts a second ``busy`` as an error, but gives a
+reply 15 s in all).
 
 During a restore the client is told ``busy``, never ``restarting``: JupyterLab answers
 ``restarting`` by disposing of every pending request (services/src/kernel/default.ts), which
@@ -35,15 +40,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from typing import Any
 
 from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session
 from jupyter_server.services.kernels.connection.base import (
     BaseKernelWebsocketConnection,
     deserialize_msg_from_ws_v1,
     serialize_msg_to_ws_v1,
 )
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+from traitlets import default
 
 from ..core.errors import GPUCRError
 from . import dormant
@@ -53,10 +61,44 @@ INTERRUPTED_TEXT = ("Interrupted while the kernel was being restored from disk: 
                     "The restore goes on; send it again.")
 
 
+#: Requests the server sends with the kernel manager's session on a client's behalf (REST
+#: interrupt and shutdown in message mode): their statuses go to clients, as jupyter_server's do.
+CLIENTS_HEAR = frozenset({"interrupt_request", "shutdown_request"})
+#: Per kernel manager: the requests its server-side connections made themselves (see _RecordingSession).
+_SERVER_REQUESTS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _status(session: Session, parts: list[Any]) -> str | None:
+    """The execution state of a status message (its parts after the signature), else None."""
+    if session.unpack(parts[1]).get("msg_type") != "status":
+        return None
+    return session.unpack(parts[4]).get("execution_state")
+
+
+class _RecordingSession(Session):
+    """The live connection's session: remembers the requests it makes itself (jupyter_server's
+    nudge of the kernel, its ``kernel_info`` for the protocol version), which no client sent."""
+
+    made: set[str]  # shared by the kernel's connections: each forwards none of their messages
+
+    def msg(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        msg = super().msg(*args, **kwargs)
+        self.made.add(msg["header"]["msg_id"])
+        return msg
+
+
 class _TrackedChannels(ZMQChannelsWebsocketConnection):
-    """The stock connection, counting the requests the kernel has not finished yet."""
+    """The stock connection, counting the requests the kernel has not finished yet and keeping
+    from the client what it did not ask for (see :meth:`_forwards`)."""
 
     in_flight: set[str]
+    said_busy: set[str]  # requests gpucr said busy for: the kernel's own busy for each is not sent on
+    server_requests: set[str]  # the kernel's: requests made by the server's own connections to it
+    internal_session: str  # the kernel manager's session: the server's own clients of the kernel
+
+    @default("session")
+    def _default_session(self) -> Session:
+        return _RecordingSession(config=self.config)
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
         parsed = parse_ws_message(incoming_msg, self.subprotocol, self.session)
@@ -65,20 +107,37 @@ class _TrackedChannels(ZMQChannelsWebsocketConnection):
         super().handle_incoming_message(incoming_msg)
 
     def handle_outgoing_message(self, stream: Any, outgoing_msg: list[Any]) -> None:
-        if self.in_flight and getattr(stream, "channel", None) == "iopub":
-            self._note_idle(outgoing_msg)
+        if getattr(stream, "channel", stream) == "iopub" and not self._forwards(outgoing_msg):
+            return
         super().handle_outgoing_message(stream, outgoing_msg)
 
-    def _note_idle(self, msg_list: list[Any]) -> None:
+    def _forwards(self, msg_list: list[Any]) -> bool:
+        """Whether an iopub message goes on to the client: not the kernel's ``busy`` for a request
+        gpucr said ``busy`` for already (during its restore), nor a message for a request the
+        server made itself (the suspend's preparation, the nudge of a connection made after a
+        restore): after a restore the client hears what a fresh kernel would have said, one
+        ``busy`` and one ``idle`` per request, in order. Notes the ``idle`` of a request in flight."""
         try:
             _, parts = self.session.feed_identities(msg_list)
-            header = self.session.unpack(parts[1])
-            if header.get("msg_type") != "status":
-                return
-            if self.session.unpack(parts[4]).get("execution_state") == "idle":
-                self.in_flight.discard(self.session.unpack(parts[2]).get("msg_id"))
+            parent = self.session.unpack(parts[2])
+            msg_id = parent.get("msg_id")
+            if not msg_id:
+                return True
+            if msg_id in self.server_requests:
+                if _status(self.session, parts) == "idle":
+                    self.server_requests.discard(msg_id)  # its last message
+                return False
+            if parent.get("session") == self.internal_session and parent.get("msg_type") not in CLIENTS_HEAR:
+                return False
+            state = _status(self.session, parts)
+            if state == "idle":
+                self.in_flight.discard(msg_id)
+            elif state == "busy" and msg_id in self.said_busy:
+                self.said_busy.discard(msg_id)
+                return False
         except Exception:  # a malformed message is the stock code's business
             pass
+        return True
 
 
 class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
@@ -90,11 +149,16 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     _connecting: asyncio.Future[None] | None = None  # the live connection's nudge, while it runs
     _reconnecting = False  # wake() is making the live connection; it delivers what arrives meanwhile
     _closed = False
+    #: seconds between two ``busy`` of a request that waits for a restore (see :meth:`_keepalive`):
+    #: more than a conformance client waits for a reply in all (jupyter_kernel_test: 15 s), less
+    #: than the per-message deadline of agent clients (autogen-ext: 60 s)
+    BUSY_AGAIN_S = 15.0
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._queue: list[Any] = []
         self._in_flight: set[str] = set()
+        self._said_busy: set[str] = set()  # see _TrackedChannels
         # The restore wakes every connection, and a connection that asked for the restore wakes
         # itself after it: one at a time, or both would make a live connection and one would leak.
         self._wake_lock = asyncio.Lock()
@@ -177,15 +241,14 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     def sleep(self) -> None:
         """The kernel is about to be frozen: close the ZeroMQ sockets, keep the websocket.
 
-        The client's last status may be the ``busy`` of the server's own trim request, whose
-        ``idle`` will not arrive any more: say ``idle`` so the notebook does not show busy."""
+        No status is said: the client's last one is its last request's ``idle`` (the suspend
+        waited for it), as the statuses of the server's own requests (the trim) never reach it."""
         live, self._live = self._live, None
         self._in_flight.clear()
         if live is None:
             return
         if self._connecting is not None:  # the kernel will not answer the nudge before it runs again
             self._connecting.cancel()
-        self._send({"execution_state": "idle"}, "status", "iopub", None)
         # The dormant connection still counts as a connection; live.disconnect() takes one off.
         self.multi_kernel_manager.notify_connect(self.kernel_id)
         live.disconnect()
@@ -231,7 +294,10 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
     def _new_live(self) -> _TrackedChannels:
         live = _TrackedChannels(parent=self.kernel_manager, websocket_handler=self.websocket_handler, config=self.config)
         live.session.session = self.session.session
+        live.session.made = live.server_requests = _SERVER_REQUESTS.setdefault(self.kernel_manager, set())
         live.in_flight = self._in_flight
+        live.said_busy = self._said_busy
+        live.internal_session = self.kernel_manager.session.session
         return live
 
     def _answer_queue(self) -> None:
@@ -283,23 +349,38 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             self.multi_kernel_manager.cancel_queued(self.kernel_id)
             self._reply(dormant.Reply("interrupt_reply", channel, {"status": "ok"}), header)
             return True
-        if msg_type.endswith("_request"):
-            self._send({"execution_state": "busy"}, "status", "iopub", header)
-        return False
+        return False  # queued behind the request that restores the kernel: its busy comes from the kernel
 
-    async def _busy_while_restoring(self) -> None:
-        """Say ``busy`` again for each request still queued (not yet handed to the kernel, whose own
-        ``busy`` comes first for it), so clients that wait for any message keep waiting."""
+    def _say_busy(self, header: dict[str, Any]) -> None:
+        """``busy`` for a request before the kernel has it: the kernel's own ``busy`` for it is then
+        kept from the client (one ``busy`` per request, as a kernel says)."""
+        self._said_busy.add(header["msg_id"])
+        self._send({"execution_state": "busy"}, "status", "iopub", header)
+
+    async def _keepalive(self) -> None:
+        """While a restore keeps requests waiting: a websocket ping every ``restore_keepalive_s``
+        (a frame of the websocket protocol, not a Jupyter message: clients whose timeout runs
+        between two frames, as ag2's websocket-client, keep waiting, and none of them hears a
+        message it would count), and every :attr:`BUSY_AGAIN_S` the ``busy`` of the waiting
+        request again, for clients that give each message a deadline (autogen-ext: 60 s)."""
+        loop = asyncio.get_running_loop()
+        busy_again = loop.time() + self.BUSY_AGAIN_S
         while True:
             await asyncio.sleep(self.suspender.options.restore_keepalive_s)
-            for msg in self._queue:
-                parsed = parse_ws_message(msg, self.subprotocol, self.session)
-                if parsed is not None and parsed[1].get("msg_type", "").endswith("_request"):
-                    self._send({"execution_state": "busy"}, "status", "iopub", parsed[1])
+            try:
+                self.websocket_handler.ping(b"gpucr: restoring")
+            except Exception:  # closed: its on_close cleans up
+                return
+            if loop.time() >= busy_again:
+                busy_again = loop.time() + self.BUSY_AGAIN_S
+                for msg in self._queue:
+                    parsed = parse_ws_message(msg, self.subprotocol, self.session)
+                    if parsed is not None and parsed[1].get("msg_id") in self._said_busy:
+                        self._send({"execution_state": "busy"}, "status", "iopub", parsed[1])
 
     async def _restore(self, header: dict[str, Any]) -> None:
-        self._send({"execution_state": "busy"}, "status", "iopub", header)
-        progress = asyncio.ensure_future(self._busy_while_restoring())
+        self._say_busy(header)
+        progress = asyncio.ensure_future(self._keepalive())
         try:
             await self.suspender.resume(self.kernel_id)
         except GPUCRError as e:
@@ -340,7 +421,10 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             if parsed is None or not parsed[1].get("msg_type", "").endswith("_request"):
                 continue
             channel, header, _content = parsed
-            self._send({"execution_state": "busy"}, "status", "iopub", header)
+            if header["msg_id"] in self._said_busy:
+                self._said_busy.discard(header["msg_id"])
+            else:
+                self._send({"execution_state": "busy"}, "status", "iopub", header)
             if header["msg_type"] == "execute_request":
                 self._send({"ename": ename, "evalue": text, "traceback": [f"{ename}: {text}"]}, "error", "iopub", header)
             reply_type = header["msg_type"][: -len("_request")] + "_reply"

@@ -497,8 +497,10 @@ print(json.dumps({{"times": times, "failures": failures}}))
 def test_the_victim_is_answered_within_a_second_under_a_flood(daemon: H.Daemon, attack: str) -> None:
     """Three processes of the attacker flood the daemon for 7 s (connections in a tight loop, slow
     senders, requests the parser could choke on); every one of the victim's 30 requests meanwhile is
-    answered within a second."""
+    answered within a second (on a busy machine: a second more than its slowest answer without the
+    attack, measured just before)."""
     victim_served(daemon)
+    quiet = max(victim_times(daemon, 10)["times"])
     attacker = flood(daemon, attack)
     try:
         time.sleep(1)
@@ -506,9 +508,9 @@ def test_the_victim_is_answered_within_a_second_under_a_flood(daemon: H.Daemon, 
     finally:
         attacker.communicate(timeout=30)
     print(f"{attack}: the victim's answer times: max {max(report['times'] or [0]):.3f} s, "
-          f"median {sorted(report['times'] or [0])[len(report['times']) // 2]:.3f} s")
+          f"median {sorted(report['times'] or [0])[len(report['times']) // 2]:.3f} s (without the attack: max {quiet:.3f} s)")
     assert not report["failures"], report["failures"][:3]
-    assert max(report["times"]) < 1.0, sorted(report["times"])[-5:]
+    assert max(report["times"]) < 1.0 + quiet, (sorted(report["times"])[-5:], quiet)
 
 
 #: Each malformed request's line, as a Python expression (the long ones would not fit an argv).
