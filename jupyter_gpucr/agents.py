@@ -5,6 +5,13 @@ id) on a jupyter server or a Kernel Gateway with gpucr, also after either restar
     kernel = kernel_for("thread-42", "http://127.0.0.1:8888", token)   # None: start a new one
     kernel["kernel_id"], kernel["state"]                                 # suspended kernels restore on use
 
+Save points, for a tool call that may have to be undone::
+
+    from jupyter_gpucr.agents import save_point, go_back
+    sp = save_point(kernel_id, url, token, name="before tool call")
+    ...                                          # the tool call runs code in the kernel
+    go_back(kernel_id, sp["id"], url, token)     # it failed: the kernel as it was, same id
+
 docs/agents.md has a recipe for each framework.
 """
 from __future__ import annotations
@@ -35,3 +42,23 @@ def about_to_use(kernel_id: str, url: str, token: str = "") -> dict[str, Any]:
     less. Returns at once with the kernel's state (``POST .../resume`` with ``{"wait": false}``)."""
     return call(url.rstrip("/") + "/", token, f"api/gpucr/kernels/{urllib.parse.quote(kernel_id)}/resume", "POST",
                 {"wait": False})
+
+
+def save_point(kernel_id: str, url: str, token: str = "", name: str | None = None) -> dict[str, Any]:
+    """Keep the kernel's whole state now (``POST .../savepoints``); the kernel is left as it was.
+    Returns the save point: ``id``, ``name``, ``created``, ``size``, ``cell`` (the last one run),
+    ``paused_s`` (how long a running kernel was paused for it)."""
+    return call(url.rstrip("/") + "/", token, f"api/gpucr/kernels/{urllib.parse.quote(kernel_id)}/savepoints", "POST",
+                {"name": name} if name else {})
+
+
+def save_points(kernel_id: str, url: str, token: str = "") -> list[dict[str, Any]]:
+    """The kernel's save points, oldest first."""
+    return call(url.rstrip("/") + "/", token, f"api/gpucr/kernels/{urllib.parse.quote(kernel_id)}/savepoints")
+
+
+def go_back(kernel_id: str, savepoint_id: str, url: str, token: str = "") -> dict[str, Any]:
+    """Return the kernel to the save point, under the same id, running; the state it leaves goes
+    to the trash (``trash_id`` in the answer). Returns the kernel's state."""
+    return call(url.rstrip("/") + "/", token, f"api/gpucr/kernels/{urllib.parse.quote(kernel_id)}/savepoints/"
+                f"{urllib.parse.quote(savepoint_id)}/restore", "POST", {})

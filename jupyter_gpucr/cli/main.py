@@ -99,8 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     add("ls", help="list processes and checkpoints")
     s = add("kernel", help="suspend, resume or list the kernels of a running Jupyter server; room: the memory "
             "each GPU (and the host memory budget) holds, by kernel, and what idle kernels could make room of")
-    s.add_argument("action", choices=["ls", "suspend", "resume", "room"])
+    s.add_argument("action", choices=["ls", "suspend", "resume", "room", "savepoint", "savepoints", "goback"],
+                   help="savepoint: keep the kernel's whole state now (it is left as it was); savepoints: list "
+                   "them; goback: return the kernel to one, under its id (the state it leaves goes to the trash)")
     s.add_argument("kernel_id", nargs="?")
+    s.add_argument("savepoint_id", nargs="?", help="goback: the save point (default: the newest)")
+    s.add_argument("--name", help="savepoint: a name for it")
     s.add_argument("--engine", choices=["auto", "criu", "snapshot"], help="suspend with this engine")
     s.add_argument("--gpu", help="resume onto auto, a GPU index or a UUID")
     s.add_argument("--label", help="ls: only the kernels with this label (an agent's run or thread id)")
@@ -330,12 +334,40 @@ def _kernel_command(args: argparse.Namespace) -> tuple[Any, str]:
         return report, "\n".join(kernel_lines(report))
     if not args.kernel_id:
         raise GPUCRError(f"'gpucr kernel {args.action}' needs a kernel id.", "List them with 'gpucr kernel ls'.")
+    if args.action in ("savepoint", "savepoints", "goback"):
+        return _savepoint_command(url, token, args)
     body = {"engine": args.engine} if args.action == "suspend" and args.engine else (
         {"gpu": args.gpu} if args.action == "resume" and args.gpu else {})
     st = call(url, token, f"api/gpucr/kernels/{args.kernel_id}/{args.action}", "POST", body)
     lost = ", ".join(x["name"] for x in st.get("lost", []))
     return st, (f"Kernel {st['kernel_id']} is {st['state']} (engine {st.get('engine')}: {st.get('engine_reason')})"
                 + (f"; not kept: {lost}" if lost else "") + ".")
+
+
+def _savepoint_line(sp: dict[str, Any]) -> str:
+    cell = sp.get("cell") or {}
+    code = (cell.get("code") or "").strip().splitlines()
+    ran = f"  after [{cell.get('execution_count')}] {code[0][:50]}" if code else ""
+    return f"{sp['id']}  {_when(sp.get('created'))}  {_size(sp.get('size')):>9}  {sp.get('name') or '-'}{ran}"
+
+
+def _savepoint_command(url: str, token: str, args: argparse.Namespace) -> tuple[Any, str]:
+    """``gpucr kernel savepoint|savepoints|goback KERNEL [SAVEPOINT]``: see server/savepoints.py."""
+    path = f"api/gpucr/kernels/{urllib.parse.quote(args.kernel_id)}/savepoints"
+    if args.action == "savepoint":
+        sp = call(url, token, path, "POST", {"name": args.name} if args.name else {})
+        paused = f", the kernel paused {sp['paused_s']:.2f} s" if sp.get("paused_s") is not None else ""
+        return sp, f"Save point {sp['id']} ({_size(sp.get('size'))}{paused})."
+    listed = call(url, token, path)
+    if args.action == "savepoints":
+        return listed, "\n".join(_savepoint_line(sp) for sp in listed) or "No save points."
+    target = args.savepoint_id or (listed[-1]["id"] if listed else None)
+    if target is None:
+        raise GPUCRError(f"Kernel {args.kernel_id} has no save point.",
+                         f"Take one with 'gpucr kernel savepoint {args.kernel_id}'.")
+    st = call(url, token, f"{path}/{urllib.parse.quote(target)}/restore", "POST", {})
+    return st, (f"Kernel {st['kernel_id']} is back at save point {target} ({st['state']}); the state it left is in "
+                f"the trash as {st.get('trash_id')} ('gpucr trash restore' brings it back).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,7 +103,7 @@ class SavePoints:
         async with self.service.operation(kernel_id):
             state = self.service.lifecycle.state_of(kernel_id)
             if state == RUNNING:
-                self._check_running(km)  # before the history request, whose own 'busy' it would see
+                await self._check_running(km)  # before the history request, whose own 'busy' it would see
             idle = km.execution_state
             details = {"name": name, "cell": await self._last_cell(kernel_id, km, state), "kernel_state": state}
             if state == RUNNING:
@@ -169,7 +169,7 @@ class SavePoints:
         async with self.service.operation(kernel_id):
             state = self.service.lifecycle.state_of(kernel_id)
             if state == RUNNING:
-                self._check_running(km)
+                await self._check_running(km)
                 await self.service._suspend_now(kernel_id, "goback", "criu")
             elif state != SUSPENDED:
                 raise StateError(f"The kernel is {state}.", "Go back once it is running or suspended.")
@@ -264,12 +264,12 @@ class SavePoints:
                                     "points yet.", "Suspend and restore work as before.")
         return km
 
-    def _check_running(self, km: Any) -> None:
+    async def _check_running(self, km: Any) -> None:
         problem = self.service.engines["criu"].problem(km)
         if problem:
             raise PreconditionError(f"This kernel cannot have save points: {problem}.",
                                     "Save points are made by the whole-process engine.")
-        if km.execution_state == "busy":
+        if await self.service._busy_after(km, 1.0):  # a cell's closing 'idle' may still be on its way
             raise StateError("The kernel is running a cell.", "Take the save point (or go back) when it has finished.")
 
     def _criu_checkpoint(self, kernel_id: str) -> Checkpoint:
