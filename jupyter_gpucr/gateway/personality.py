@@ -15,9 +15,9 @@ from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 from ..core import cuda
 from ..server.backend import choose_backend
 from ..server.config import GPUCR
-from ..server.handlers import handlers as gpucr_handlers
 from ..server.kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from ..server.readiness import Readiness
+from ..server.routes import routes
 from ..server.service import KernelSuspender
 from ..server.websocket import GPUCRWebsocketConnection
 from .manager import GatewayKernelManager
@@ -67,7 +67,7 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
         """Kernel Gateway's handlers, and gpucr's behind the gateway's token and CORS headers."""
         base = self.parent.base_url.rstrip("/")
         ours = [(pattern, type(cls.__name__, (TokenAuthorizationMixin, CORSMixin, cls), {}))
-                for pattern, cls in gpucr_handlers(f"{base}/api/gpucr")]
+                for pattern, cls in routes(f"{base}/api/gpucr")]
         return ours + super().create_request_handlers()
 
     async def _start(self) -> None:

@@ -16,13 +16,10 @@ from ..core import cuda
 from ..core.errors import GPUCRError
 from .backend import choose_backend
 from .config import GPUCR
-from .fork import fork_handlers
-from .handlers import handlers
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness
 from .remote import remote_url, store_keys
-from .room_handlers import room_handlers
-from .savepoints import savepoint_handlers
+from .routes import routes
 from .service import KernelSuspender
 from .websocket import GPUCRWebsocketConnection
 
@@ -95,7 +92,7 @@ class GPUCRApp(ExtensionApp):
         raise SystemExit(f"gpucr: {message} {hint}")
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend([*handlers(), *fork_handlers(), *savepoint_handlers(), *room_handlers()])
+        self.handlers.extend(routes())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.

@@ -392,9 +392,6 @@ export function addCommands(ctx: ICommandContext): void {
           !p.sessionContext.session?.kernel
       );
       const restore = (replace: boolean) => {
-        if (item.kernel_id) {
-          notifier.fromTrash(item.kernel_id);
-        }
         return model.restoreFromTrash(item.id, {
           replace,
           sessions: !waiting
@@ -454,12 +451,15 @@ export function addCommands(ctx: ICommandContext): void {
       if (waiting && !waiting.isDisposed) {
         await waiting.sessionContext.changeKernel({ id: state.kernel_id });
       }
-      Notification.success(
-        fitToast(
+      // In place of the kernel's last notice (its "shut down" one), not beside it.
+      notifier.show(state.kernel_id, {
+        type: 'success',
+        message: fitToast(
           `${name} is back, suspended: run a cell in it to bring its variables back.`
         ),
-        { autoClose: 6000 }
-      );
+        actions: [],
+        autoClose: 6000
+      });
     }
   });
 

@@ -325,7 +325,23 @@ export class GpucrModel implements IDisposable {
     trashId: string,
     options: GpucrClient.IRestoreOptions = {}
   ): Promise<IKernelState> {
-    const state = await this.client.restoreTrash(trashId, options);
+    // Its event may come before the reply: neither is a suspend that just finished.
+    const kernelId = this._trash.find(t => t.id === trashId)?.kernel_id;
+    if (kernelId) {
+      this._store.expectFromTrash(kernelId);
+    }
+    let state: IKernelState;
+    try {
+      state = await this.client.restoreTrash(trashId, options);
+    } catch (error) {
+      if (kernelId) {
+        this._store.cancelFromTrash(kernelId);
+      }
+      throw error;
+    }
+    if (state.kernel_id !== kernelId) {
+      this._store.expectFromTrash(state.kernel_id);
+    }
     const restored = this._store.applyReply(state.kernel_id, state);
     await this.refreshLists();
     return this._store.get(state.kernel_id) ?? restored;

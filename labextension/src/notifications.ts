@@ -23,6 +23,8 @@ import {
   trashedNotice
 } from './messages';
 import { GpucrModel } from './model';
+import { NoticeBook } from './noticebook';
+import { transitionOf } from './state';
 import type { IKernelTransition } from './store';
 import { CommandIDs } from './tokens';
 
@@ -40,30 +42,25 @@ export class GpucrNotifier {
   }
 
   /**
-   * Show a notice about a kernel; it replaces the kernel's last one that
-   * lasts until the state changes: a sticky one, or one that offers to
-   * cancel a pending suspend (its Cancel means nothing once it is over).
+   * Show a notice about a kernel; it replaces the kernel's last one, so that
+   * the bell keeps one per kernel. One that lasts until the state changes (a
+   * sticky one, or one that offers to cancel a pending suspend: its Cancel
+   * means nothing once it is over) is also closed by that change.
    */
   show(kernelId: string, notice: INotice): void {
-    this.dismiss(kernelId);
+    this._busy.delete(kernelId);
     const id = Notification.emit(notice.message, notice.type, {
       autoClose: notice.autoClose,
       actions: notice.actions.map(name => this._action(name, kernelId))
     });
-    if (
-      notice.autoClose === false ||
-      notice.actions.includes('cancel-suspend')
-    ) {
-      this._sticky.set(kernelId, id);
+    const replaced = this._notices.put(
+      kernelId,
+      id,
+      notice.autoClose === false || notice.actions.includes('cancel-suspend')
+    );
+    if (replaced !== undefined) {
+      Notification.dismiss(replaced);
     }
-  }
-
-  /**
-   * The kernel comes back from the trash, suspended: the restore says so
-   * itself, not as a suspend that just finished.
-   */
-  fromTrash(kernelId: string): void {
-    this._fromTrash.add(kernelId);
   }
 
   /** Say that a suspended kernel was shut down and where its saved state went. */
@@ -91,10 +88,9 @@ export class GpucrNotifier {
 
   /** Close the kernel's sticky notice, if any. */
   dismiss(kernelId: string): void {
-    const id = this._sticky.get(kernelId);
+    const id = this._notices.takeSticky(kernelId);
     if (id !== undefined) {
       Notification.dismiss(id);
-      this._sticky.delete(kernelId);
     }
     this._busy.delete(kernelId);
   }
@@ -109,7 +105,9 @@ export class GpucrNotifier {
       // A new state: the refusal or failure of the last one is stale.
       this.dismiss(kernelId);
     }
-    if (current.state === 'suspended' && this._fromTrash.delete(kernelId)) {
+    if (change.fromTrash && transitionOf(previous, current) === 'suspended') {
+      // Back from the trash, suspended in its old checkpoint: the restore
+      // says so itself (commands.ts); nothing was suspended now.
       return;
     }
     const notice = transitionNotice(previous, current, this.label(kernelId), {
@@ -256,9 +254,8 @@ export class GpucrNotifier {
   private _model: GpucrModel;
   private _commands: CommandRegistry;
   private _pathForKernel: (kernelId: string) => string | null;
-  private _sticky = new Map<string, string>();
+  private _notices = new NoticeBook();
   private _busy = new Set<string>();
-  private _fromTrash = new Set<string>();
 }
 
 export namespace GpucrNotifier {

@@ -205,7 +205,7 @@ export class GpucrPanel extends ReactWidget {
       >
         <div className="jp-gpucr-Item-main">
           <div className="jp-gpucr-Item-title" title={path ?? state.kernel_id}>
-            {this._name(state.kernel_id)}
+            {breakable(this._name(state.kernel_id))}
           </div>
           <div className="jp-gpucr-Item-detail" title={title}>
             {label}
@@ -270,7 +270,9 @@ export class GpucrPanel extends ReactWidget {
             className="jp-gpucr-Item-title"
             title={`${checkpoint.notebook_path ?? checkpoint.name}\n${checkpoint.id}`}
           >
-            {this._name(checkpoint.kernel_id ?? '', checkpoint.notebook_path)}
+            {breakable(
+              this._name(checkpoint.kernel_id ?? '', checkpoint.notebook_path)
+            )}
           </div>
           <div
             className="jp-gpucr-Item-detail"
@@ -320,7 +322,7 @@ export class GpucrPanel extends ReactWidget {
             className="jp-gpucr-Item-title"
             title={item.notebook_path ?? item.name}
           >
-            {kernelLabel(item.kernel_id ?? '', item.notebook_path)}
+            {breakable(kernelLabel(item.kernel_id ?? '', item.notebook_path))}
           </div>
           <div
             className="jp-gpucr-Item-detail"
@@ -466,4 +468,23 @@ export namespace GpucrPanel {
     /** The notebook path of a kernel, now. */
     pathForKernel: (kernelId: string) => string | null;
   }
+}
+
+/**
+ * A name that wraps where its parts meet (after `/`, `.`, `_`, `-`, spaces)
+ * rather than inside a word: `analysis-final.ipynb` breaks as
+ * `analysis-` / `final.ipynb`, never `analysis-fin` / `al.ipynb`.
+ */
+function breakable(name: string): JSX.Element {
+  const parts = name.split(/(?<=[/._-])/);
+  return (
+    <>
+      {parts.map((part, i) => (
+        <React.Fragment key={i}>
+          {i > 0 && <wbr />}
+          {part}
+        </React.Fragment>
+      ))}
+    </>
+  );
 }

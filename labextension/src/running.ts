@@ -16,12 +16,16 @@ import { KernelShutdowns } from './shutdown';
 import { CommandIDs } from './tokens';
 import type { IKernelState } from './types';
 
-/** Shown after a suspended kernel's label in JupyterLab's Kernels section. */
+/**
+ * Shown before a suspended kernel's label in JupyterLab's Kernels section
+ * (first, so that the default sidebar width cuts the kernel's name, not it).
+ */
 export function kernelsSectionMark(state: IKernelState): string {
   const size = state.checkpoint?.size;
   return (
-    ' · suspended to disk' +
-    (typeof size === 'number' ? ` (${formatBytes(size)})` : '')
+    'Suspended' +
+    (typeof size === 'number' ? ` (${formatBytes(size)})` : '') +
+    ' · '
   );
 }
 
@@ -123,7 +127,7 @@ export function addRunningSection(options: {
   const update = () => {
     const rules = suspended().map(
       state =>
-        `.jp-RunningSessions-item.jp-mod-kernel[data-context="${CSS.escape(state.kernel_id)}"] > .jp-RunningSessions-itemLabel::after {` +
+        `.jp-RunningSessions-item.jp-mod-kernel[data-context="${CSS.escape(state.kernel_id)}"] > .jp-RunningSessions-itemLabel::before {` +
         ` content: ${JSON.stringify(kernelsSectionMark(state))}; }`
     );
     const text = rules.join('\n');

@@ -33,6 +33,12 @@ export interface IKernelTransition {
   kernelId: string;
   previous: IKernelState | undefined;
   current: IKernelState | undefined;
+  /**
+   * The kernel is coming back from the trash (`KernelStore.expectFromTrash`),
+   * or stays suspended in the checkpoint it came back in: its checkpoint
+   * becoming known is not a suspend that just finished.
+   */
+  fromTrash?: boolean;
 }
 
 export class KernelStore implements IDisposable {
@@ -209,6 +215,25 @@ export class KernelStore implements IDisposable {
   }
 
   /**
+   * This browser asks the server to bring `kernelId` back from the trash: it
+   * is listed again, suspended in the checkpoint it went to the trash with.
+   * Its event, the POST reply and polls may come in any order; until its
+   * checkpoint is known its changes are marked `fromTrash`, and while it
+   * stays suspended in that checkpoint its age is the checkpoint's time
+   * (`suspended_at` = the checkpoint's `created`), not the time it came back.
+   */
+  expectFromTrash(kernelId: string): void {
+    this._fromTrash.set(kernelId, null);
+  }
+
+  /** The trash restore of `kernelId` failed: nothing comes back. */
+  cancelFromTrash(kernelId: string): void {
+    if (this._fromTrash.get(kernelId) === null) {
+      this._fromTrash.delete(kernelId);
+    }
+  }
+
+  /**
    * The transparent path: the user ran a cell in (or reconnected to) a
    * suspended kernel, so the server is restoring it. Show `restoring` now
    * and keep it against polls that raced the server.
@@ -237,6 +262,14 @@ export class KernelStore implements IDisposable {
 
   private _set(kernelId: string, next: IKernelState | undefined): void {
     const previous = this._kernels.get(kernelId);
+    let fromTrash = false;
+    if (this._fromTrash.has(kernelId)) {
+      next = this._trashAge(kernelId, next);
+      fromTrash = this._fromTrash.get(kernelId) !== undefined;
+      if (!fromTrash) {
+        this._fromTrash.delete(kernelId);
+      }
+    }
     if (!stateChanged(previous, next)) {
       return;
     }
@@ -245,12 +278,50 @@ export class KernelStore implements IDisposable {
     } else {
       this._kernels.delete(kernelId);
     }
-    this._changed.emit({ kernelId, previous, current: next });
+    this._changed.emit({
+      kernelId,
+      previous,
+      current: next,
+      ...(fromTrash ? { fromTrash: true } : {})
+    });
+  }
+
+  /**
+   * A state of a kernel coming back from the trash: remember its checkpoint
+   * once known, and date it by that checkpoint. Once it leaves that
+   * checkpoint (restored, suspended again, gone) the mark ends (set to
+   * undefined; `_set` deletes it).
+   */
+  private _trashAge(
+    kernelId: string,
+    next: IKernelState | undefined
+  ): IKernelState | undefined {
+    const known = this._fromTrash.get(kernelId);
+    const onDisk =
+      !!next && (next.state === 'suspended' || next.state === 'uploading');
+    const id = onDisk ? (next?.checkpoint?.id ?? null) : null;
+    if (known === null) {
+      // Not listed again yet (a poll of the kernel a restart started under
+      // its id, or its 404, may come first): wait for its checkpoint.
+      if (!id) {
+        return next;
+      }
+      this._fromTrash.set(kernelId, id);
+    } else if (!onDisk || (id && id !== known)) {
+      this._fromTrash.set(kernelId, undefined);
+      return next;
+    }
+    const created = next?.checkpoint?.created;
+    return next && created !== undefined && created !== null
+      ? { ...next, suspended_at: created }
+      : next;
   }
 
   private _kernels = new Map<string, IKernelState>();
   private _inflight = new Map<string, Operation>();
   private _restoreGuess = new Map<string, number>();
+  /** Kernels coming back from the trash: their checkpoint id once known. */
+  private _fromTrash = new Map<string, string | null | undefined>();
   private _order = new PollOrder();
   private _isDisposed = false;
   private _changed = new Signal<this, IKernelTransition>(this);

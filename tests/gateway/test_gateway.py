@@ -128,3 +128,25 @@ async def test_the_gateways_culler_suspends_idle_kernels_and_leaves_suspended_on
         ws.close()
     finally:
         gw.stop()
+
+
+async def test_a_gateway_serves_the_same_routes_as_a_server_fork_and_room(root, tmp_path):
+    """The gateway mounts gpucr's one route table: a kernel forks through it (the copy has the
+    source's variables, the source runs on) and the room report answers."""
+    gw = Served("gateway", root, tmp_path / "store")
+    try:
+        await gw.wait_ready()
+        kid = await gw.start_kernel()
+        ws = await gw.ws(kid)
+        await execute(ws, "x = 42")
+        [copy] = (await gw.request(f"api/gpucr/kernels/{kid}/fork", "POST", {"count": 1}))["kernels"]
+        copy_ws = await gw.ws(copy["id"])
+        _, out, _ = await execute(copy_ws, "print(x + 1)")
+        assert out.strip() == "43"
+        _, out, _ = await execute(ws, "print(x)")
+        assert out.strip() == "42"
+        copy_ws.close()
+        ws.close()
+        assert isinstance(await gw.request("api/gpucr/room"), list)
+    finally:
+        gw.stop()

@@ -240,9 +240,10 @@ test.describe('suspended kernels in JupyterLab', () => {
       const label = document.querySelector(
         `.jp-RunningSessions-item.jp-mod-kernel[data-context="${id}"] > .jp-RunningSessions-itemLabel`
       );
-      return label ? getComputedStyle(label, '::after').content : null;
+      return label ? getComputedStyle(label, '::before').content : null;
     }, one);
-    expect(mark).toMatch(/suspended to disk/);
+    // Before the kernel's name: the sidebar's width cuts the name, not the mark.
+    expect(mark).toMatch(/^"Suspended \(\d+(\.\d)? MiB\) · "$/);
     await shot(page, 'running-sidebar-suspended');
 
     // The debugger panel asks the kernel what it can debug.
@@ -345,6 +346,19 @@ test.describe('suspended kernels in JupyterLab', () => {
       panel.locator(`.jp-gpucr-Kernel[data-kernel-id="${kernelId}"]`)
     ).toContainText('Suspended');
     await expectSuspended(page, kernelId);
+    // Back from the trash is no fresh suspend: one notice says it is back, in
+    // place of the kernel's earlier ones (the bell keeps one per kernel).
+    const toasts = page.locator('.Toastify__toast');
+    await expect(
+      toasts.filter({ hasText: `${name} is back, suspended` })
+    ).toHaveCount(1);
+    await page.waitForTimeout(2000); // the list, polls and events settle
+    await expect(
+      toasts.filter({ hasText: `${name} was suspended to disk` })
+    ).toHaveCount(0);
+    await expect(
+      toasts.filter({ hasText: `${name} was shut down` })
+    ).toHaveCount(0);
 
     // The notebook has its kernel back, in one session; a cell prints the old variable.
     await page.notebook.activate(name);

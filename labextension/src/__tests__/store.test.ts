@@ -7,6 +7,8 @@ import {
   PollOrder,
   RESTORE_GRACE_MS
 } from '../store';
+import { formatSince } from '../format';
+import { transitionOf } from '../state';
 import type { IKernelState, IKernelStateEvent } from '../types';
 import { CHECKPOINT, GPU, kernel } from './fixtures';
 
@@ -355,5 +357,100 @@ describe('PollOrder', () => {
     const before = early.ask();
     early.event('kernel-b');
     assert.equal(early.isStale(A, before), false);
+  });
+});
+
+describe('KernelStore: a kernel brought back from the trash', () => {
+  const TRASHED = { ...CHECKPOINT, created: 1796061000 };
+  const back = kernel({
+    state: 'suspended',
+    checkpoint: TRASHED,
+    suspended_at: 1796061590 // the server's time, later than the checkpoint
+  });
+
+  for (const order of ['event first', 'reply first']) {
+    it(`is no fresh suspend and is dated by its checkpoint (${order})`, () => {
+      const { store, changes } = makeStore();
+      store.expectFromTrash(K);
+      if (order === 'event first') {
+        store.applyEvent(event('suspended', { phase: 'done' }));
+        store.applyReply(K, back);
+      } else {
+        store.applyReply(K, back);
+        store.applyEvent(event('suspended', { phase: 'done' }));
+      }
+      store.applyPolled(K, back, store.ask());
+      const told = changes.map(c =>
+        c.current ? transitionOf(c.previous, c.current) : null
+      );
+      // transitionOf alone would say 'suspended' when the checkpoint becomes
+      // known after the event: the change carries fromTrash for the notifier.
+      for (const change of changes) {
+        if (change.current?.checkpoint) {
+          assert.equal(change.fromTrash, true);
+        }
+      }
+      assert.ok(told.length >= 1);
+      assert.equal(store.get(K)?.suspended_at, 1796061000);
+      assert.equal(
+        formatSince(store.get(K)?.suspended_at, new Date(1796061000e3 + 600e3)),
+        '10 min ago'
+      );
+    });
+  }
+
+  it('tells a later restore, restore failure or new suspend as usual', () => {
+    const { store, changes } = makeStore();
+    store.expectFromTrash(K);
+    store.applyReply(K, back);
+    store.applyEvent(
+      event('suspended', { error: 'the saved state is damaged' })
+    );
+    assert.equal(
+      changes.at(-1)?.fromTrash,
+      true,
+      'still in its old checkpoint'
+    );
+    assert.equal(
+      transitionOf(changes.at(-1)?.previous, changes.at(-1)!.current!),
+      'restore-failed'
+    );
+    store.applyEvent(event('restoring'));
+    store.applyEvent(event('running', { restored_at: 1796062000, error: '' }));
+    store.applyPolled(K, kernel(), store.ask());
+    store.applyEvent(event('suspended'));
+    store.applyPolled(
+      K,
+      kernel({
+        state: 'suspended',
+        checkpoint: { ...CHECKPOINT, id: 'ckpt-2' },
+        suspended_at: 1796063000
+      }),
+      store.ask()
+    );
+    const last = changes.at(-1)!;
+    assert.equal(last.fromTrash, undefined);
+    assert.equal(transitionOf(last.previous, last.current!), 'suspended');
+    assert.equal(store.get(K)?.suspended_at, 1796063000, "the server's time");
+  });
+
+  it('waits for its checkpoint through a poll of the kernel a restart started', () => {
+    const { store, changes } = storeWith(kernel());
+    store.expectFromTrash(K);
+    store.applyPolled(K, kernel(), store.ask());
+    store.applyGone(K, store.ask()); // the restarted kernel is shut down
+    store.applyEvent(event('suspended'));
+    store.applyPolled(K, back, store.ask());
+    assert.equal(changes.at(-1)?.fromTrash, true);
+    assert.equal(store.get(K)?.suspended_at, 1796061000);
+  });
+
+  it('forgets a failed trash restore', () => {
+    const { store, changes } = storeWith(kernel());
+    store.expectFromTrash(K);
+    store.cancelFromTrash(K);
+    store.applyPolled(K, back, store.ask());
+    assert.equal(changes.at(-1)?.fromTrash, undefined);
+    assert.equal(store.get(K)?.suspended_at, 1796061590);
   });
 });
