@@ -34,7 +34,12 @@ MIN_VERSION = (4, 2)
 COMMON_OPTS = ["--tcp-established", "--network-lock", "nftables", "--file-locks", "--shell-job"]
 # -v3 makes the log end with "Dumping finished successfully", the proof recovery needs that a
 # dump completed when the process that started it died before reading CRIU's exit status.
-DUMP_OPTS = ["--link-remap", "-v3"]
+# --skip-in-flight: a connection still in a listening socket's accept queue at the freeze (a
+# monitor such as jupyter-resource-usage connects to a kernel's control port every few seconds)
+# is not the process's yet; without it CRIU refuses the whole dump ("inet: In-flight connection").
+# The connection stays queued on the listening socket the server holds (server/ports.py), or is
+# reset when the process ends; either way its client connects again.
+DUMP_OPTS = ["--link-remap", "--skip-in-flight", "-v3"]
 DUMP_DONE = "Dumping finished successfully"
 # Where a lazy restore's page daemon listens and logs, in the restore's work directory.
 LAZY_SOCKET, LAZY_LOG = "lazy-pages.socket", "lazy-pages.log"

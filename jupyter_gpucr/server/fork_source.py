@@ -128,7 +128,7 @@ async def _move_tensors_out(service: Any, km: Any, offload_to: Path) -> dict[str
     options = service.options
     report: dict[str, Any] = {}
     t0 = time.perf_counter()
-    client = km.client()
+    client = kernel_rpc.own_client(km)
     client.start_channels()
     try:
         if options.trim_before_suspend:

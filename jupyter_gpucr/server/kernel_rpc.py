@@ -6,7 +6,7 @@ the notebook): its code runs the hook, so a failure comes back with the kernel's
 traceback; a user expression then returns the hook's result as JSON. The kernel imports
 ``gpucr_hooks`` on first use without binding any name in the user's namespace.
 
-Use a client dedicated to this work (e.g. ``kernel_manager.client()`` with its channels
+Use a client dedicated to this work (e.g. :func:`own_client` with its channels
 started): replies to other requests read on the same client's shell channel are dropped.
 """
 
@@ -17,11 +17,12 @@ import os
 import queue
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 __all__ = ["HISTORY_FILE", "SNAPSHOT_PAYLOAD", "SnapshotError", "follow_moved_history", "load", "load_device", "offload",
-           "prepare_load", "prepare_suspend",
+           "own_client", "prepare_load", "prepare_suspend",
            "reload", "reload_from", "reopen_history", "save", "saved_replies", "with_client"]
 
 _POLL_S = 1.0
@@ -47,9 +48,20 @@ class SnapshotError(Exception):
         return f"{message}\n{self.kernel_traceback}" if self.kernel_traceback else message
 
 
+def own_client(km: Any) -> Any:
+    """A client of the kernel behind ``km`` with a session id of its own. ``km.client()`` shares
+    the manager's session, whose id is also the ZeroMQ identity of the client's shell socket: a
+    client that another part of the server makes the same way at the same time (jupyter-resource-
+    usage's, for each usage poll) takes the same identity, and the kernel's replies to this one go
+    to that one, or its requests are dropped (a suspend's preparation then waited 60 s for nothing)."""
+    session = km.session.clone()
+    session.session = str(uuid.uuid4())
+    return km.client(session=session)
+
+
 async def with_client(km: Any, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn(client, ...)`` with a fresh client of the kernel behind ``km``, closed afterwards."""
-    client = km.client()
+    client = own_client(km)
     client.start_channels()
     try:
         return await fn(client, *args, **kwargs)

@@ -31,6 +31,10 @@ from .provisioner import GPUCRProvisioner
 from .service import KernelSuspender
 
 PROVISIONER = "gpucr-provisioner"
+#: Requests of monitors, never the user's activity: jupyter-resource-usage's kernel panel sends a
+#: usage request every few seconds, and the kernel's busy/idle for it would keep it from ever
+#: being idle (suspended, or culled).
+MONITORING = frozenset({"usage_request", "usage_reply"})
 
 
 class Connection(Protocol):
@@ -291,6 +295,12 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
                 for s in rows if s.get("kernel", {}).get("id") == kernel_id]
 
     # -- culling and idle suspension -----------------------------------------------------
+    def track_message_type(self, message_type: str | None) -> bool:
+        """Whether a message of this type (or, for the kernel's iopub messages, of their parent's
+        type) is the user's activity: as ``untracked_message_types`` says, and never a monitor's
+        (:data:`MONITORING`)."""
+        return message_type not in MONITORING and bool(super().track_message_type(message_type))
+
     def is_idle(self, kernel_id: str, timeout: float, busy_ok: bool, connected_ok: bool) -> bool:
         kernel = self.get_kernel(kernel_id)
         if not hasattr(kernel, "last_activity") or timeout <= 0:

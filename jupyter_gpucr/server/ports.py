@@ -15,8 +15,9 @@ server started later on the same store binds them anew while it lists the kernel
 A client that connects by the kernel's connection file (``jupyter console --existing``, a
 ``BlockingKernelClient``) lands in the queue of a held socket. A connection to the shell or stdin
 port is intent to use the kernel: it wakes it (``on_intent``). The heartbeat, iopub and control
-ports do not: a monitor's heartbeat, a subscriber, and a monitor's usage requests (jupyter-resource-
-usage polls the control port every few seconds) wait for the kernel's next use. The waiting connections are reset when the held
+ports do not: a monitor's heartbeat and its control requests (jupyter-resource-usage polls the
+control port every few seconds) are answered by the server (``heartbeat.py``, ``control.py``), and a
+subscriber waits for the kernel's next use. The waiting connections are reset when the held
 sockets close after the restore; ZeroMQ reconnects, to the restored kernel, and sends what it
 queued, so the first request is answered, not lost.
 
@@ -40,6 +41,7 @@ import zmq
 
 from ..core.activation import WakeOn, bind_anew, find_listeners, hold, steer_to_restored
 from ..core.store import Checkpoint
+from .control import ControlAnswerer, ControlAnswers
 from .heartbeat import HeartbeatEcho
 
 #: The manifest's list of the addresses held while the kernel is on disk (``tcp:HOST:PORT``).
@@ -51,6 +53,11 @@ CHANNELS_KEY = "held_channels"
 HAND_OVER_S = 0.5
 #: The channels whose connection wakes the kernel (not ``hb``, not ``iopub``: see the module docstring).
 WAKING = ("shell", "stdin")
+#: How long after a connection to a waking port the server looks whether its client is still
+#: connected: a client that connects and closes at once is no use of the kernel. jupyter_client's
+#: ``stop_channels`` connects every channel it had not used, and closes it; jupyter-resource-usage
+#: does so after each usage request, every few seconds.
+SETTLE_S = 0.3
 
 
 @dataclass
@@ -61,19 +68,22 @@ class _Holding:
     channels: dict[WakeOn, str]
     watched: list[int] = field(default_factory=list)
     echo: HeartbeatEcho | None = None
+    control: ControlAnswerer | None = None
 
 
 class HeldPorts:
     """The sockets this server holds for its kernels on disk, by kernel id; see the module docstring.
     ``listen_anew``: whether ports bound anew (a kernel listed by a later server) listen, and so
     wake the kernel. ``on_intent``: called with a kernel id when a client connects to a port that
-    wakes it (once per holding)."""
+    wakes it (once per holding). ``answers_for``: called with a kernel id, how to answer its
+    control requests while it is on disk (``control.py``); None: they wait for the kernel."""
 
     def __init__(self, enabled: bool, log: Any, listen_anew: bool = True) -> None:
         self.enabled = enabled
         self.log = log
         self.listen_anew = listen_anew
         self.on_intent: Callable[[str], None] | None = None
+        self.answers_for: Callable[[str], ControlAnswers | None] | None = None
         self._held: dict[str, _Holding] = {}
 
     def take(self, kernel_id: str, pid: int | None, ip: str, channels: dict[str, int]) -> dict[str, Any]:
@@ -94,7 +104,7 @@ class HeldPorts:
 
     def watch(self, kernel_id: str) -> None:
         """The kernel is on disk: a connection to one of its waking ports wakes it, and its
-        heartbeat is answered (see ``heartbeat.py``)."""
+        heartbeat and control requests are answered (see ``heartbeat.py``, ``control.py``)."""
         holding = self._held.get(kernel_id)
         if holding is None or holding.watched:
             return
@@ -102,13 +112,21 @@ class HeldPorts:
         for w, s in holding.sockets.items():
             channel = holding.channels.get(w)
             if channel in WAKING:
-                loop.add_reader(s.fileno(), self._connected, kernel_id)
+                loop.add_reader(s.fileno(), self._connected, kernel_id, s)
                 holding.watched.append(s.fileno())
             elif channel == "hb" and holding.echo is None:
                 try:
                     holding.echo = HeartbeatEcho(s, w.host, w.port)
                 except zmq.ZMQError as e:
                     self.log.warning("gpucr: the heartbeat of kernel %s on disk is not answered: %s", kernel_id, e)
+            elif channel == "control" and holding.control is None and self.answers_for is not None:
+                answers = self.answers_for(kernel_id)
+                if answers is None:
+                    continue
+                try:
+                    holding.control = ControlAnswerer(s, w.host, w.port, answers, self.log)
+                except zmq.ZMQError as e:
+                    self.log.warning("gpucr: control requests to kernel %s on disk wait for it: %s", kernel_id, e)
 
     def hold_anew(self, kernel_id: str, ckpt: Checkpoint) -> None:
         """A kernel listed on disk (by a later server, or again): bind the ports its manifest
@@ -138,8 +156,7 @@ class HeldPorts:
         if holding is None:
             return
         self._unwatch(holding)
-        if holding.echo is not None:
-            holding.echo.stop()
+        self._stop_answering(holding)
         later = []
         for w, s in holding.sockets.items():
             with contextlib.suppress(OSError):
@@ -158,18 +175,42 @@ class HeldPorts:
         if holding is None:
             return
         self._unwatch(holding)
-        if holding.echo is not None:
-            holding.echo.stop()
+        self._stop_answering(holding)
         for s in holding.sockets.values():
             with contextlib.suppress(OSError):
                 s.close()
 
-    def _connected(self, kernel_id: str) -> None:
-        holding = self._held.get(kernel_id)
-        if holding is not None:
+    def _connected(self, kernel_id: str, held: socket.socket) -> None:
+        """A connection waits in the queue of ``held``: see in ``SETTLE_S`` whether it is a use."""
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(held.fileno())
+        loop.call_later(SETTLE_S, self._settled, kernel_id, self._held.get(kernel_id), held)
+
+    def _settled(self, kernel_id: str, holding: _Holding | None, held: socket.socket) -> None:
+        if holding is None or self._held.get(kernel_id) is not holding:
+            return  # handed over or released meanwhile
+        live, closed = queued_connections(held.getsockname()[1])
+        if live or not closed:  # a client waits (or one not known here): wake the kernel
             self._unwatch(holding)  # once: the connection stays queued until the restore
-        if self.on_intent is not None:
-            self.on_intent(kernel_id)
+            if self.on_intent is not None:
+                self.on_intent(kernel_id)
+            return
+        # every connection in the queue was closed by its client: take them out, and watch on
+        held.setblocking(False)  # only this server has the socket now
+        for _ in range(closed):
+            try:
+                conn, _address = held.accept()
+            except (BlockingIOError, OSError):
+                break
+            conn.close()
+        asyncio.get_running_loop().add_reader(held.fileno(), self._connected, kernel_id, held)
+
+    @staticmethod
+    def _stop_answering(holding: _Holding) -> None:
+        for answering in (holding.echo, holding.control):
+            if answering is not None:
+                answering.stop()
+        holding.echo = holding.control = None
 
     @staticmethod
     def _unwatch(holding: _Holding) -> None:
@@ -183,6 +224,33 @@ class HeldPorts:
         self.release(kernel_id)
         if holding.sockets:
             self._held[kernel_id] = holding
+
+
+def queued_connections(port: int) -> tuple[int, int]:
+    """The TCP connections to the local ``port`` that are not a listener: how many are open
+    (being set up, or established) and how many their client has closed (``CLOSE_WAIT``). While a
+    kernel is on disk these are the ones in the queue of its held socket."""
+    live = closed = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 4 or int(fields[1].rsplit(":", 1)[1], 16) != port:
+                continue
+            state = fields[3]
+            if state == _CLOSE_WAIT:
+                closed += 1
+            elif state in _OPEN:
+                live += 1
+    return live, closed
+
+
+#: /proc/net/tcp states: ESTABLISHED, SYN_RECV (an open connection); CLOSE_WAIT (closed by its client).
+_OPEN, _CLOSE_WAIT = ("01", "03"), "08"
 
 
 def _close_all(sockets: list[socket.socket]) -> None:

@@ -49,7 +49,7 @@ async def prepare(km: Any, options: GPUCR, log: Any, trim: bool,
     """Save the replies a suspended kernel answers from disk, have it trim itself and move
     its GPU tensors out. None of these may block a suspend (the driver checkpoint takes
     whatever stays on the GPU), so failures only log."""
-    client = km.client()
+    client = kernel_rpc.own_client(km)
     client.start_channels()
     saved: dict[str, Any] = {}
     report: dict[str, Any] | None = None

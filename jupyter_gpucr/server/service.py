@@ -33,7 +33,8 @@ from ..core.writeback import WritebackWhileWriting
 from . import portable, preparation
 from .backend import build_checkpointer, choose_backend
 from .config import GPUCR
-from .dormant import Saved
+from .control import ControlAnswers
+from .dormant import Reply, Saved, answer
 from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
 from .kernels import Kernels
 from .lifecycle import (
@@ -114,6 +115,7 @@ class KernelSuspender:
             self.remote.stream_from(self.checkpointer, (OFFLOAD_DIR, portable.PORTABLE_DIR))
         self.ports.listen_anew = self.remote is None  # several servers may list a kernel of object storage
         self.ports.on_intent = self._connected_while_on_disk
+        self.ports.answers_for = self._control_answers
         self.prefetcher = Prefetcher(store, config, log)
         self.trash = Trash(config, self.checkpointer, kernel_manager, lifecycle, self.remote, log)
         self.relister = Relister(self.checkpointer, kernel_manager, lifecycle, self.saved, self.remote, self.ports, log)
@@ -517,6 +519,19 @@ class KernelSuspender:
         answered once the kernel is back (see ``ports.py``)."""
         if kernel_id in self.kernel_manager and self.lifecycle.state_of(kernel_id) == SUSPENDED:
             self._in_background(self._wake_for_connection(kernel_id))
+
+    def _control_answers(self, kernel_id: str) -> ControlAnswers | None:
+        """How the server answers a suspended kernel's control requests (a monitor's usage
+        requests; see ``control.py``): signed with the kernel's session key, from what it saved."""
+        if kernel_id not in self.kernel_manager:
+            return None
+        session = self.kernel_manager.get_kernel(kernel_id).session
+        restore_on = set(self.options.restore_on)
+
+        def on_control(msg_type: str, content: dict[str, Any]) -> Reply | None:
+            return answer(msg_type, "control", content, self.saved_for(kernel_id), restore_on)
+
+        return ControlAnswers(session.key, session.signature_scheme, on_control)
 
     async def _wake_for_connection(self, kernel_id: str) -> None:
         try:

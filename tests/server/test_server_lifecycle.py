@@ -75,11 +75,14 @@ class RealServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.headers = {"Authorization": "token secret-token"}
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+        # named here too: where gpucr is not installed (the GPU machine) no config file enables it;
+        # ``options`` may name the extensions instead (traitlets refuses the option twice)
+        extensions = [] if any(o.startswith("--ServerApp.jpserver_extensions=") for o in options) \
+            else ["--ServerApp.jpserver_extensions={'jupyter_gpucr': True}"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1", "--no-browser",
              "--allow-root", f"--ServerApp.root_dir={root}", "--IdentityProvider.token=secret-token",
-             # named here too: where gpucr is not installed (the GPU machine) no config file enables it
-             "--ServerApp.jpserver_extensions={'jupyter_gpucr': True}", f"--GPUCR.store={store}", *options],
+             *extensions, f"--GPUCR.store={store}", *options],
             stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
 
     async def wait_ready(self, timeout: float = 60) -> None:
