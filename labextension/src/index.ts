@@ -46,6 +46,7 @@ import { cellExecutor } from './cellexecutor';
 import { addCommands, currentKernelId, panelForKernel } from './commands';
 import { GpucrSessionDialogs } from './dialogs';
 import { addForkCommand } from './fork';
+import { addSavePointCommands, SavePointCommandIDs } from './savepoints';
 import { GpucrKernelIndicator } from './kernelindicator';
 import { kernelStatusPlugin } from './kernelstatusplugin';
 import { GpucrModel } from './model';
@@ -202,7 +203,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const notifier = new GpucrNotifier({ model, commands, pathForKernel });
 
     // Side panel.
-    const panel = new GpucrPanel({ model, commands, pathForKernel });
+    const panel = new GpucrPanel({
+      model,
+      commands,
+      pathForKernel,
+      serverSettings: serviceManager.serverSettings
+    });
     app.shell.add(panel, 'right', { rank: 900 });
     const openPanel = () => app.shell.activateById(panel.id);
 
@@ -252,12 +258,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
       serverSettings: serviceManager.serverSettings,
       label: kernelId => notifier.label(kernelId)
     });
+    addSavePointCommands({
+      commands,
+      model,
+      tracker,
+      serverSettings: serviceManager.serverSettings,
+      label: kernelId => notifier.label(kernelId)
+    });
 
     if (palette) {
       const category = 'Suspended Kernels';
       for (const command of [
         CommandIDs.suspend,
         CommandIDs.fork,
+        SavePointCommandIDs.save,
+        SavePointCommandIDs.goBack,
         CommandIDs.cancelSuspend,
         CommandIDs.resume,
         CommandIDs.openPanel,

@@ -9,6 +9,7 @@ import {
   refreshIcon,
   ToolbarButtonComponent
 } from '@jupyterlab/ui-components';
+import { ServerConnection } from '@jupyterlab/services';
 import { CommandRegistry } from '@lumino/commands';
 import { Message } from '@lumino/messaging';
 import * as React from 'react';
@@ -32,6 +33,7 @@ import {
   roomSegments,
   roomText
 } from './room';
+import { SavePointsSection } from './savepoints';
 import { groupForPanel, isTransient } from './state';
 import { CommandIDs } from './tokens';
 import type {
@@ -56,6 +58,8 @@ export class GpucrPanel extends ReactWidget {
     this._model = options.model;
     this._commands = options.commands;
     this._pathForKernel = options.pathForKernel;
+    this._serverSettings =
+      options.serverSettings ?? ServerConnection.makeSettings();
     this.id = 'jp-gpucr-panel';
     this.title.icon = gpuIcon;
     this.title.caption = 'Suspended kernels';
@@ -85,7 +89,11 @@ export class GpucrPanel extends ReactWidget {
 
   render(): JSX.Element {
     const model = this._model;
-    const groups = groupForPanel(model.kernels.values(), model.checkpoints);
+    // save points are listed in their own section, not as checkpoints to delete
+    const groups = groupForPanel(
+      model.kernels.values(),
+      model.checkpoints.filter(c => c.reason !== 'savepoint')
+    );
     const loading = model.listsLoaded ? null : 'Loading…';
     const host = hostRoom(model.room);
     return (
@@ -124,6 +132,14 @@ export class GpucrPanel extends ReactWidget {
             </ul>
           )}
         </section>
+        <SavePointsSection
+          kernelIds={[...model.kernels.values()]
+            .filter(k => k.state === 'running' || k.state === 'suspended')
+            .map(k => k.kernel_id)}
+          commands={this._commands}
+          serverSettings={this._serverSettings}
+          label={kernelId => this._name(kernelId)}
+        />
         {groups.checkpoints.length > 0 && (
           <section className="jp-gpucr-Panel-section jp-gpucr-Panel-checkpoints">
             <h3>Checkpoints without a suspended kernel</h3>
@@ -459,6 +475,7 @@ export class GpucrPanel extends ReactWidget {
   private _model: GpucrModel;
   private _commands: CommandRegistry;
   private _pathForKernel: (kernelId: string) => string | null;
+  private _serverSettings: ServerConnection.ISettings;
 }
 
 export namespace GpucrPanel {
@@ -467,6 +484,8 @@ export namespace GpucrPanel {
     commands: CommandRegistry;
     /** The notebook path of a kernel, now. */
     pathForKernel: (kernelId: string) => string | null;
+    /** The server's connection settings (its save points are asked for there). */
+    serverSettings?: ServerConnection.ISettings;
   }
 }
 

@@ -1,0 +1,329 @@
+/**
+ * Save points (docs/rest-api.md, "Save points"): "Save Point" keeps the
+ * current notebook's kernel's whole state now (the kernel is left as it was),
+ * "Go Back to Save Point" returns the kernel to one under the same kernel id,
+ * after asking (the state it leaves goes to the trash). The side panel lists
+ * each running or suspended kernel's save points with a "Go back" button
+ * (SavePointsSection).
+ */
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { ServerConnection } from '@jupyterlab/services';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { CommandRegistry } from '@lumino/commands';
+import { ISignal, Signal } from '@lumino/signaling';
+import * as React from 'react';
+
+import { GpucrRequestError, requestAPI } from './api';
+import { formatBytes, formatDate } from './format';
+import { fitToast, plainError } from './messages';
+import { GpucrModel } from './model';
+import { canResume, canSuspend } from './state';
+
+export const SavePointCommandIDs = {
+  save: 'gpucr:save-point',
+  goBack: 'gpucr:go-back'
+};
+
+export const savePointIcon = new LabIcon({
+  name: 'jupyter-gpucr:save-point',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" width="16">' +
+    '<g class="jp-icon3" fill="none" stroke="#616161" stroke-width="2" stroke-linecap="round">' +
+    '<path d="M6 3h12v18l-6-4-6 4z"/></g></svg>'
+});
+
+/** A save point as `GET /api/gpucr/kernels/{id}/savepoints` lists it. */
+export interface ISavePoint {
+  id: string;
+  kernel_id: string;
+  name: string | null;
+  created: number;
+  size: number;
+  cell?: { execution_count: number; code: string } | null;
+  kernel_state?: string | null;
+  paused_s?: number | null;
+}
+
+function path(kernelId: string, rest = ''): string {
+  return `kernels/${encodeURIComponent(kernelId)}/savepoints${rest}`;
+}
+
+export function listSavePoints(
+  kernelId: string,
+  settings: ServerConnection.ISettings
+): Promise<ISavePoint[]> {
+  return requestAPI<ISavePoint[]>(path(kernelId), {}, settings);
+}
+
+export function takeSavePoint(
+  kernelId: string,
+  name: string | null,
+  settings: ServerConnection.ISettings
+): Promise<ISavePoint> {
+  return requestAPI<ISavePoint>(
+    path(kernelId),
+    { method: 'POST', body: JSON.stringify(name ? { name } : {}) },
+    settings
+  );
+}
+
+export function goBack(
+  kernelId: string,
+  savePointId: string,
+  settings: ServerConnection.ISettings
+): Promise<{ trash_id: string }> {
+  return requestAPI<{ trash_id: string }>(
+    path(kernelId, `/${encodeURIComponent(savePointId)}/restore`),
+    { method: 'POST', body: '{}' },
+    settings
+  );
+}
+
+/** How a save point is shown: its name, else the cell that ran last, else its time. */
+export function savePointTitle(sp: ISavePoint): string {
+  if (sp.name) {
+    return sp.name;
+  }
+  const code = sp.cell?.code?.trim().split('\n')[0];
+  if (code) {
+    return `after [${sp.cell?.execution_count}] ${code.slice(0, 40)}`;
+  }
+  return formatDate(sp.created);
+}
+
+export interface ISavePointContext {
+  commands: CommandRegistry;
+  model: GpucrModel;
+  tracker: INotebookTracker;
+  serverSettings: ServerConnection.ISettings;
+  label: (kernelId: string) => string;
+}
+
+const changed = new Signal<object, string>({});
+/** A kernel's save points changed (taken, gone back to). */
+export const savePointsChanged: ISignal<object, string> = changed;
+
+function errorText(error: unknown, name: string): string {
+  return error instanceof GpucrRequestError
+    ? plainError(error.message, error.reason, name)
+    : String((error as Error)?.message ?? error);
+}
+
+export function addSavePointCommands(ctx: ISavePointContext): void {
+  const { commands, model, tracker } = ctx;
+  const currentKernel = (): string | undefined =>
+    tracker.currentWidget?.sessionContext.session?.kernel?.id;
+
+  commands.addCommand(SavePointCommandIDs.save, {
+    label: args => (args.toolbar ? '' : 'Save Point'),
+    caption:
+      'Keep the kernel’s whole state now (variables, GPU memory) to go back to later; the kernel runs on as it was',
+    icon: args => (args.toolbar || args.isPalette ? savePointIcon : undefined),
+    isEnabled: () => {
+      const kernelId = currentKernel();
+      if (!kernelId || model.isBusy(kernelId)) {
+        return false;
+      }
+      const state = model.getKernel(kernelId);
+      return state ? canSuspend(state) || canResume(state) : true;
+    },
+    execute: async args => {
+      const kernelId = (args.kernelId as string) || currentKernel();
+      if (!kernelId) {
+        return;
+      }
+      const name = ctx.label(kernelId);
+      const pending = Notification.emit(
+        `Taking a save point of ${name}…`,
+        'in-progress',
+        {
+          autoClose: false
+        }
+      );
+      try {
+        const sp = await takeSavePoint(
+          kernelId,
+          (args.name as string) || null,
+          ctx.serverSettings
+        );
+        const paused =
+          typeof sp.paused_s === 'number'
+            ? `, paused ${sp.paused_s.toFixed(1)} s`
+            : '';
+        Notification.update({
+          id: pending,
+          message: `Save point of ${name} (${formatBytes(sp.size)}${paused}). Go back to it from the Suspended Kernels panel.`,
+          type: 'success',
+          autoClose: 5000
+        });
+        changed.emit(kernelId);
+      } catch (error) {
+        Notification.update({
+          id: pending,
+          message: fitToast(
+            `Could not take a save point of ${name}: ${errorText(error, name)}`
+          ),
+          type: 'error',
+          autoClose: false
+        });
+      }
+    }
+  });
+
+  commands.addCommand(SavePointCommandIDs.goBack, {
+    label: 'Go Back to Save Point…',
+    caption:
+      'Return the kernel to a save point under the same kernel; the state it has now goes to the trash',
+    execute: async args => {
+      const kernelId = (args.kernelId as string) || currentKernel();
+      if (!kernelId) {
+        return;
+      }
+      const name = ctx.label(kernelId);
+      let savePointId = args.savePointId as string | undefined;
+      let title = args.title as string | undefined;
+      if (!savePointId) {
+        const listed = await listSavePoints(kernelId, ctx.serverSettings);
+        const newest = listed[listed.length - 1];
+        if (!newest) {
+          Notification.info(`${name} has no save point yet.`, {
+            autoClose: 5000
+          });
+          return;
+        }
+        savePointId = newest.id;
+        title = savePointTitle(newest);
+      }
+      const answer = await showDialog({
+        title: 'Go back to the save point?',
+        body:
+          `${name} returns to “${title ?? savePointId}”: its variables and memory as they were then. ` +
+          'What it holds now goes to the trash (restorable from there). Notebook outputs are not changed.',
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({ label: 'Go back' })
+        ]
+      });
+      if (!answer.button.accept) {
+        return;
+      }
+      const pending = Notification.emit(
+        `${name} goes back to “${title}”…`,
+        'in-progress',
+        {
+          autoClose: false
+        }
+      );
+      try {
+        await goBack(kernelId, savePointId, ctx.serverSettings);
+        Notification.update({
+          id: pending,
+          message: `${name} is back at “${title}”. The state it left is in the trash.`,
+          type: 'success',
+          autoClose: 5000
+        });
+        changed.emit(kernelId);
+        void model.refreshLists();
+      } catch (error) {
+        Notification.update({
+          id: pending,
+          message: fitToast(
+            `${name} could not go back: ${errorText(error, name)}`
+          ),
+          type: 'error',
+          autoClose: false
+        });
+      }
+    }
+  });
+
+  const refreshEnabled = () =>
+    commands.notifyCommandChanged(SavePointCommandIDs.save);
+  model.kernelChanged.connect(refreshEnabled);
+  tracker.currentChanged.connect(refreshEnabled);
+}
+
+/** The side panel's list: each kernel's save points, with "Go back" (asks first). */
+export function SavePointsSection(props: {
+  kernelIds: string[];
+  commands: CommandRegistry;
+  serverSettings: ServerConnection.ISettings;
+  label: (kernelId: string) => string;
+}): JSX.Element {
+  const { kernelIds, commands, serverSettings, label } = props;
+  const [found, setFound] = React.useState<Record<string, ISavePoint[]>>({});
+  const [tick, setTick] = React.useState(0);
+  const key = kernelIds.join(',');
+  React.useEffect(() => {
+    const bump = () => setTick(t => t + 1);
+    changed.connect(bump);
+    return () => {
+      changed.disconnect(bump);
+    };
+  }, []);
+  React.useEffect(() => {
+    let live = true;
+    void Promise.all(
+      kernelIds.map(k =>
+        listSavePoints(k, serverSettings).then(
+          sps => [k, sps] as const,
+          () => [k, [] as ISavePoint[]] as const
+        )
+      )
+    ).then(pairs => {
+      if (live) {
+        setFound(Object.fromEntries(pairs));
+      }
+    });
+    return () => {
+      live = false;
+    };
+  }, [key, tick]);
+  const rows = kernelIds.filter(k => (found[k] ?? []).length > 0);
+  return (
+    <section className="jp-gpucr-Panel-section jp-gpucr-Panel-savepoints">
+      <h3>Save points</h3>
+      {rows.length === 0 ? (
+        <p className="jp-gpucr-Panel-empty">
+          None. “Save Point” in a notebook’s toolbar keeps its kernel’s state to
+          go back to.
+        </p>
+      ) : (
+        <ul>
+          {rows.flatMap(k =>
+            [...found[k]].reverse().map(sp => (
+              <li key={sp.id} className="jp-gpucr-Item jp-gpucr-SavePoint">
+                <div className="jp-gpucr-Item-main">
+                  <div
+                    className="jp-gpucr-Item-title"
+                    title={sp.cell?.code ?? ''}
+                  >
+                    {savePointTitle(sp)}
+                  </div>
+                  <div className="jp-gpucr-Item-detail">
+                    {label(k)} · {formatDate(sp.created)} ·{' '}
+                    {formatBytes(sp.size)}
+                  </div>
+                </div>
+                <button
+                  className="jp-mod-styled jp-gpucr-GoBack"
+                  title="Return the kernel to this save point (asks first)"
+                  onClick={() =>
+                    void commands.execute(SavePointCommandIDs.goBack, {
+                      kernelId: k,
+                      savePointId: sp.id,
+                      title: savePointTitle(sp)
+                    })
+                  }
+                >
+                  Go back
+                </button>
+              </li>
+            ))
+          )}
+        </ul>
+      )}
+    </section>
+  );
+}
