@@ -43,6 +43,7 @@ import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { Menu, Widget } from '@lumino/widgets';
 
 import { cellExecutor } from './cellexecutor';
+import { CompletionAfterRestore } from './completionafterrestore';
 import { addCommands, currentKernelId, panelForKernel } from './commands';
 import { GpucrSessionDialogs } from './dialogs';
 import { addForkCommand } from './fork';
@@ -410,6 +411,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
 
     const restoreAhead = new RestoreAhead(tracker, model);
+    new CompletionAfterRestore(tracker, model, app.commands);
 
     // Settings.
     const applySettings = (s: ISettingRegistry.ISettings) => {

@@ -126,6 +126,9 @@ export function mergeEvent(
   if (event.room !== undefined) {
     next.room = event.room;
   }
+  if (event.ahead !== undefined) {
+    next.ahead = event.ahead;
+  }
   if (event.made_room_for !== undefined) {
     next.made_room_for = event.made_room_for;
   }

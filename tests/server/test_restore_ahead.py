@@ -39,7 +39,7 @@ async def test_about_to_use_restores_in_the_background_and_the_run_finds_it_back
             seen.add((st["state"], st.get("ahead")))
             await asyncio.sleep(0.05)
         assert st["ahead"] is False  # once it runs
-        assert ("restoring", True) in seen or took < 0.5, seen
+        assert ("restoring", True) in seen, seen  # the hint answered before the restore ended
         print(f"about_to_use answered in {took:.3f} s; the restore ran behind it")
 
         ws = await server.ws(kid)

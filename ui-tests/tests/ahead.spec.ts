@@ -3,12 +3,15 @@
  * CRIU: typing into a code cell of a notebook whose kernel is suspended
  * starts the restore in the background (the cell is not run), the status bar
  * says so, and the cell then runs and answers from the kernel's state. With
- * the setting off, typing leaves the kernel on disk until the cell runs.
+ * the setting off, typing leaves the kernel on disk until the cell runs. A
+ * Tab completion asked while the kernel is on disk shows its list once the
+ * kernel is back, without a second Tab.
  */
 import { expect, test } from '@jupyterlab/galata';
 import type { Page } from '@playwright/test';
 
 import {
+  appendCell,
   newNotebook,
   outputTexts,
   recordStatus,
@@ -97,6 +100,33 @@ test.describe('restore while the user types', () => {
       await page.waitForTimeout(3000);
       expect((await serverState(page, kernelId)).state).toBe('suspended');
       expect(await runCellAndWait(page, 0)).toBe('7\n');
+    } finally {
+      await setRestoreAhead(page, true);
+    }
+  });
+
+  test('a Tab completion asked while the kernel is on disk shows its list once the kernel is back', async ({
+    page
+  }) => {
+    await setRestoreAhead(page, false); // the Tab itself restores the kernel
+    try {
+      const kernelId = await newNotebook(
+        page,
+        'complete.ipynb',
+        // about 480 MB: its restore takes longer than the completer's one second
+        'import numpy as np\nbig = np.random.default_rng(0).random(60_000_000)\nxylophone_a = 1\nxylophone_b = 2'
+      );
+      await suspendByRest(page, kernelId);
+      await statusSuspended(page);
+      const index = await appendCell(page, '');
+      await typeInto(page, index, 'xylo');
+      await page.keyboard.press('Tab');
+      const completer = page.locator('.jp-Completer');
+      await expect(completer).toBeVisible({ timeout: 120000 });
+      await expect(completer).toContainText('xylophone_a');
+      await expect(completer).toContainText('xylophone_b');
+      expect((await serverState(page, kernelId)).state).toBe('running');
+      await page.keyboard.press('Escape');
     } finally {
       await setRestoreAhead(page, true);
     }

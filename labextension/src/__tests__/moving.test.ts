@@ -82,6 +82,23 @@ describe('waiting for room and uploading', () => {
     assert.equal(next.room?.message, ROOM.message);
   });
 
+  it('say a restore was asked for ahead of use, from its event, until it runs', () => {
+    const restoring = mergeEvent(kernel({ state: 'suspended' }), {
+      kernel_id: K,
+      state: 'restoring',
+      phase: 'restoring',
+      ahead: true
+    });
+    assert.equal(restoring.ahead, true);
+    const running = mergeEvent(restoring, {
+      kernel_id: K,
+      state: 'running',
+      phase: 'done',
+      ahead: false
+    });
+    assert.equal(running.ahead, false);
+  });
+
   it("keep an upload's progress from its events", () => {
     const next = mergeEvent(kernel({ state: 'uploading' }), {
       kernel_id: K,
