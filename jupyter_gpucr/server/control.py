@@ -4,8 +4,7 @@ Monitors poll a kernel's control port on their own: jupyter-resource-usage's ker
 ``usage_request`` every few seconds over a connection of its own, and waits up to 10 s for the
 reply. While the kernel is on disk the server holds that port (``ports.py``); without an answer
 each poll would wait its full 10 s and the polls would pile up. So, as for the heartbeat
-(``heartbeat.py``), the server answers on the held socket itself: a ZeroMQ ROUTER given a duplicate
-of its descriptor (``ZMQ_USE_FD``), replies signed with the kernel's own session key, their
+(``heartbeat.py``), the server answers on the held socket itself (``heldrouter.py``), replies signed with the kernel's own session key, their
 content from :func:`.dormant.answer` (the usage of a kernel that uses nothing, the saved
 kernel_info and debugInfo, interrupt "ok"). A request that would need the kernel itself is
 answered with an error status (``KernelSuspended``): a control request never restores a kernel.
@@ -14,10 +13,7 @@ Stopped at the hand-over, when the restored kernel's own control socket takes th
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +22,7 @@ import zmq
 from jupyter_client.session import Session
 
 from .dormant import SUSPENDED_TEXT, Reply, error_content
+from .heldrouter import HeldRouter
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,7 @@ def reply_to(msg_type: str, content: dict[str, Any], answers: ControlAnswers) ->
     return reply
 
 
-class ControlAnswerer:
+class ControlAnswerer(HeldRouter):
     """Answer control requests on the listening socket ``held`` (bound to ``ip``:``port``) until :meth:`stop`."""
 
     def __init__(self, held: socket.socket, ip: str, port: int, answers: ControlAnswers, log: Any) -> None:
@@ -56,26 +53,11 @@ class ControlAnswerer:
         self._log = log
         # a session of its own: a Session remembers the signatures it saw, and this one runs in its own thread
         self._session = Session(key=answers.key, signature_scheme=answers.signature_scheme)
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.linger = 0
-        fd = os.dup(held.fileno())
-        try:
-            self._socket.setsockopt(zmq.USE_FD, fd)
-            self._socket.bind(f"tcp://{ip}:{port}")
-        except zmq.ZMQError:
-            os.close(fd)
-            self._socket.close()
-            self._context.term()
-            raise
-        self._thread = threading.Thread(target=self._serve, name=f"gpucr-control-{port}", daemon=True)
-        self._thread.start()
+        super().__init__(held, ip, port, "control")
 
-    def _serve(self) -> None:
-        with contextlib.suppress(zmq.ContextTerminated, zmq.ZMQError):
-            while True:
-                self._answer(self._socket.recv_multipart())
-        self._socket.close(linger=0)  # what lets term() in stop() return
+    def serve(self, sock: zmq.Socket) -> None:
+        while True:
+            self._answer(sock.recv_multipart())
 
     def _answer(self, frames: list[bytes]) -> None:
         try:
@@ -92,8 +74,3 @@ class ControlAnswerer:
             return
         if reply is not None:
             self._session.send(self._socket, reply.msg_type, reply.content, parent=msg, ident=idents)
-
-    def stop(self) -> None:
-        """Stop answering: the restored kernel's own control socket takes the clients, which reconnect."""
-        self._context.term()
-        self._thread.join(5)
