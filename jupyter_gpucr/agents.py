@@ -16,6 +16,7 @@ docs/agents.md has a recipe for each framework.
 """
 from __future__ import annotations
 
+import contextlib
 import urllib.parse
 from typing import Any
 
@@ -62,3 +63,18 @@ def go_back(kernel_id: str, savepoint_id: str, url: str, token: str = "") -> dic
     to the trash (``trash_id`` in the answer). Returns the kernel's state."""
     return call(url.rstrip("/") + "/", token, f"api/gpucr/kernels/{urllib.parse.quote(kernel_id)}/savepoints/"
                 f"{urllib.parse.quote(savepoint_id)}/restore", "POST", {})
+
+
+async def reconnect(executor: Any) -> None:
+    """After the server restarted, let an executor that keeps one websocket for its kernel's life
+    (autogen-ext's ``DockerJupyterCodeExecutor``) go on with the same kernel: the next server lists
+    it again, suspended, under the same id, but the executor's websocket died with the old server
+    (``ConnectionClosedError``) and it never opens another. This closes that websocket and forgets
+    it, so the next code block opens a new one to the same kernel, which restores it. Call it when
+    a code block fails that way; the block that failed did not run if the error came on sending it."""
+    client = getattr(executor, "_async_jupyter_kernel_client", None)
+    if client is None:
+        return
+    with contextlib.suppress(Exception):  # the websocket is already gone
+        await client.stop()
+    executor._async_jupyter_kernel_client = None

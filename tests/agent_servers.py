@@ -36,9 +36,9 @@ class Served:
     ``token`` turns authentication off; ``user`` runs it as that Unix user (``root`` must be theirs)."""
 
     def __init__(self, kind: str, root: Path, store: Path, *options: str, token: str = TOKEN,
-                 env: dict[str, str] | None = None, user: str | None = None) -> None:
+                 env: dict[str, str] | None = None, user: str | None = None, port: int | None = None) -> None:
         self.kind = kind
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.headers = {"Authorization": f"token {token}"} if token else {}
         self.log = root / f"{kind}.log"

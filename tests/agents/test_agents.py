@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import websockets
 from autogen_core import CancellationToken
 from autogen_core.code_executor import CodeBlock
 from autogen_ext.code_executors.docker_jupyter import DockerJupyterCodeExecutor
@@ -22,6 +23,7 @@ from jupyter_server.gateway.managers import GatewayKernelClient
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import DockerExecutor, RemotePythonExecutor, _create_kernel_http
 
+from jupyter_gpucr.agents import reconnect
 from tests.agent_servers import TOKEN, Served, kernel_processes, kill_leftovers
 from tests.conftest import criu_or_skip
 
@@ -87,6 +89,37 @@ async def test_autogen_docker_jupyter_executor(served: Served) -> None:
         await _survives_suspends(served, run)
     finally:
         await executor.stop()
+
+
+async def test_autogen_executor_goes_on_after_a_server_restart(served: Served, tmp_path: Path) -> None:
+    """autogen-ext's executor never opens a second websocket: after SIGTERM and a new server on the
+    same store and port, its next block fails with ConnectionClosedError; ``agents.reconnect`` lets
+    it go on with the same kernel, its state kept."""
+    info = JupyterConnectionInfo(host="127.0.0.1", use_https=False, port=served.port, token=TOKEN)
+    executor = DockerJupyterCodeExecutor(info, timeout=60)
+    await served.wait_ready()
+
+    async def run(code: str) -> str:
+        result = await executor.execute_code_blocks([CodeBlock(code=code, language="python")], CancellationToken())
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    again = None
+    try:
+        assert (await run("x = 41\nprint('set')")).strip() == "set"
+        kid = await _only_kernel(served)
+        assert served.stop() == 0  # the kernel goes to disk with the server
+        again = Served(served.kind, tmp_path / "root", tmp_path / "store", token=TOKEN, port=served.port)
+        await again.wait_ready()
+        with pytest.raises(websockets.exceptions.ConnectionClosed):
+            await run("x += 1\nprint(x)")
+        await reconnect(executor)
+        assert (await run("x += 1\nprint(x)")).strip() == "42"
+        assert await _only_kernel(again) == kid
+    finally:
+        await executor.stop()
+        if again is not None:
+            again.stop()
 
 
 async def test_smolagents_kernel_gateway_executor(served: Served) -> None:
