@@ -225,14 +225,23 @@ def _own_netns(pid: int) -> bool:
         return False
 
 
+def criu_candidates() -> list[str]:
+    """Where CRIU is looked for, in order: $GPUCR_CRIU, beside this Python (the venv's bundle that
+    ``gpucr install-criu`` puts there), beside the Python environment this package is installed in
+    (a server started from another environment that imports it), a checkout's ``.venv`` (an
+    editable install), ``~/.local/bin``, PATH, /usr/sbin."""
+    package = Path(__file__).resolve().parents[1]  # .../site-packages/jupyter_gpucr, or a checkout's
+    found = [os.environ.get("GPUCR_CRIU") or "", str(Path(sys.executable).parent / "criu"),
+             str(package.parents[2] / "bin" / "criu"), str(package.parent / ".venv" / "bin" / "criu"),
+             str(Path.home() / ".local" / "bin" / "criu"), shutil.which("criu") or "", "/usr/sbin/criu"]
+    return [c for c in dict.fromkeys(found) if c]
+
+
 def find_criu(explicit: str | None = None) -> str | None:
-    """CRIU from the config, $GPUCR_CRIU, beside this Python (the venv's bundle), or PATH."""
+    """CRIU from the config, else the first of :func:`criu_candidates` that can run."""
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
-    for cand in (os.environ.get("GPUCR_CRIU"), str(Path(sys.executable).parent / "criu")):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return shutil.which("criu") or (os.access("/usr/sbin/criu", os.X_OK) and "/usr/sbin/criu") or None
+    return next((c for c in criu_candidates() if os.access(c, os.X_OK)), None)
 
 
 class Criu:
@@ -241,9 +250,11 @@ class Criu:
     def __init__(self, path: str | None = None) -> None:
         found = find_criu(path)
         if not found:
+            looked = path or ", ".join(criu_candidates())
             raise PreconditionError(
-                "CRIU is not installed.",
-                "Install CRIU 4.2+ (scripts/install-criu.sh does) or set GPUCR_CRIU to its path.",
+                f"CRIU is not installed (looked at {looked}).",
+                "Install CRIU 4.2+ ('gpucr install-criu' puts it beside this Python), or point at it: "
+                "c.GPUCR.criu_path, or the GPUCR_CRIU environment variable.",
             )
         self.path = found
         #: Called with the host PID of a tree right before CRIU dumps it; it may stop and check the

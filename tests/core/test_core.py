@@ -285,9 +285,28 @@ def test_missing_criu_is_a_clear_error(store_dir, tmp_path):
     hello, _ = start_agent(store_dir, "nocriu", tmp_path, mb=10)
     res = gpucr(store_dir, "--criu", str(tmp_path / "missing-criu"), "checkpoint", "nocriu", check=False)
     assert res.returncode == 1
-    assert "CRIU is not installed" in res.stderr and "install-criu.sh" in res.stderr
+    assert f"CRIU is not installed (looked at {tmp_path / 'missing-criu'})" in res.stderr
+    assert "gpucr install-criu" in res.stderr and "GPUCR_CRIU" in res.stderr
     assert ask(hello["port"])["checksum"] == hello["checksum"]
     Checkpointer(store_dir).remove("nocriu", kill=True)
+
+
+def test_criu_is_found_from_a_python_of_another_environment(tmp_path):
+    """A server started from another environment that imports this package (PYTHONPATH) finds the
+    CRIU bundle of the environment the package is installed in (here: the checkout's .venv), not
+    only one beside its own Python."""
+    bundle = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "criu"
+    if not os.access(bundle, os.X_OK):
+        pytest.skip("no CRIU bundle in the checkout's .venv (scripts/setup.sh installs it)")
+    other = tmp_path / "other-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    found = subprocess.run([str(other / "bin" / "python"), "-c", "from jupyter_gpucr.core.criu import find_criu; print(find_criu())"],
+                           capture_output=True, text=True, check=True, env={
+                               "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                               # the package from the checkout, what it imports from this environment
+                               "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                              *[p for p in sys.path if p.endswith("site-packages")]])})
+    assert found.stdout.strip() == str(bundle)
 
 
 def test_namespace_outlives_its_process_while_criu_works_in_it(criu_path, store_dir):
