@@ -99,8 +99,9 @@ class KernelSuspender:
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
         #: Per running kernel: when its engine now was found out, the engine (None: none would) and why.
         self._engines_now: dict[str, tuple[float, str | None, str]] = {}
-        #: Why a kernel being shut down by the server itself goes to the trash (not "shutdown").
-        self._shelve_reasons: dict[str, str] = {}
+        #: What becomes of a kernel on disk that the server itself shuts down: the trash with this
+        #: reason (not "shutdown"), or None: not the trash (its checkpoint is being deleted).
+        self._own_shutdowns: dict[str, str | None] = {}
         #: When a kernel taken out of the trash was listed again: its ``suspended_hours`` count from then.
         self._untrashed_at: dict[str, float] = {}
         self._checks: list[PeriodicCallback] = []
@@ -239,13 +240,13 @@ class KernelSuspender:
                 continue
             self.log.info("gpucr: kernel %s was suspended for more than %g h: shutting it down, its state to the trash",
                           kernel_id, self.options.suspended_hours)
-            self._shelve_reasons[kernel_id] = "expired"
+            self._own_shutdowns[kernel_id] = "expired"
             try:
                 await self.kernel_manager.shutdown_kernel(kernel_id)
             except Exception as e:  # the next check tries again
                 self.log.warning("gpucr: expired kernel %s was not shut down: %s", kernel_id, e)
             finally:
-                self._shelve_reasons.pop(kernel_id, None)
+                self._own_shutdowns.pop(kernel_id, None)
 
     async def check_kernels(self) -> None:
         """The periodic check (every ``idle_check_interval``): idle kernels to disk, expired ones to the trash."""
@@ -584,8 +585,9 @@ class KernelSuspender:
         st = self.lifecycle.get(kernel_id)
         path = await self._notebook_path(kernel_id) or st.notebook_path
         self._forget(kernel_id)
-        if not self.stopping:
-            self.trash.shelve(kernel_id, self._shelve_reasons.get(kernel_id, reason), path, st.restored_at)
+        fate = self._own_shutdowns.get(kernel_id, reason)
+        if not self.stopping and fate is not None:
+            self.trash.shelve(kernel_id, fate, path, st.restored_at)
 
     def discard(self, kernel_id: str) -> None:
         """A running kernel was shut down: its checkpoints are stale, and hold its memory."""
@@ -631,11 +633,11 @@ class KernelSuspender:
             if latest is not None and latest.id == checkpoint_id:
                 if self.lifecycle.state_of(kernel_id) == RESTORING:
                     raise StateError(f"Kernel {kernel_id} is being restored from this checkpoint.", "Try again later.")
-                self.stopping, stopping = True, self.stopping  # keep it out of the trash: deleting is the point
+                self._own_shutdowns[kernel_id] = None  # not to the trash: deleting is the point
                 try:
                     await self.kernel_manager.shutdown_kernel(kernel_id)
                 finally:
-                    self.stopping = stopping
+                    self._own_shutdowns.pop(kernel_id, None)
                 self.checkpointer.remove(kernel_id, kill=False)
                 if self.remote:  # else another node would list it again from the store
                     self.remote.forget_later(kernel_id)
