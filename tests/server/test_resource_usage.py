@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,25 @@ async def panel(srv: RealServer, kid: str, every: float, pollers: int = 1):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def first_output(srv: RealServer, kid: str, log: Path) -> str:
+    """``print(x)`` on a new websocket. On a loaded 2-core machine the server closed such a
+    websocket, opened right after the last resume, twice in many runs (cause not found yet): then
+    say so with the server log's end, and ask once more on a new one (the kernel must have x)."""
+    for attempt in (1, 2):
+        ws = await srv.ws(kid)
+        try:
+            _, out, _ = await execute(ws, "print(x)")
+            return out
+        except ConnectionError:
+            if attempt == 2:
+                raise
+            warnings.warn(f"the server closed a websocket right after a resume; its log ends: "
+                          f"{log.read_text(errors='replace')[-3000:]}", stacklevel=1)
+        finally:
+            ws.close()
+    raise AssertionError("unreachable")
+
+
 async def test_suspends_succeed_while_the_panel_polls(tmp_path):
     """A poll's connection still in the kernel's accept queue at the freeze made CRIU refuse the
     dump ("inet: In-flight connection"): 3 of 3 suspends failed at a 0.1 s interval."""
@@ -78,10 +98,8 @@ async def test_suspends_succeed_while_the_panel_polls(tmp_path):
                 await srv.request(f"api/gpucr/kernels/{kid}/suspend", "POST", {})  # raises on a failed suspend
                 assert (await state(srv, kid))["state"] == "suspended"
                 await srv.request(f"api/gpucr/kernels/{kid}/resume", "POST", {})
-        ws = await srv.ws(kid)
-        _, out, _ = await execute(ws, "print(x)")
+        out = await first_output(srv, kid, tmp_path / "server.log")
         assert out.strip().splitlines()[-1] == "42"
-        ws.close()
         assert any(a.get("content", {}).get("kernel_memory") for _, a in answers), answers[-3:]
     finally:
         assert srv.sigterm() == 0

@@ -11,7 +11,6 @@ import pathlib
 import re
 import shlex
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -238,20 +237,20 @@ async def test_a_dump_that_fills_the_disk_says_so_in_sentences(small_store, jp_f
 
 
 async def test_the_log_of_a_failed_dump_is_private(jp_fetch, jp_ws_fetch, jp_serverapp):
-    """CRIU refuses to dump a kernel with a TCP connection still in its listen queue; the log
-    kept for the user is 0600, as every file of a checkpoint (it names the kernel's files)."""
-    kid = (await new_session(jp_fetch, "listening.ipynb"))["kernel"]["id"]
+    """CRIU refuses to dump a kernel with a child in a user namespace of its own; the log kept for
+    the user is 0600, as every file of a checkpoint (it names the kernel's files)."""
+    kid = (await new_session(jp_fetch, "nested.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
-    _, port, _ = await run_cell(ws, "import socket\nsrv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\n"
-                                    "print(srv.getsockname()[1])")
-    with socket.create_connection(("127.0.0.1", int(port))):  # never accepted
-        with pytest.raises(HTTPClientError) as err:
-            await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
+    await run_cell(ws, "import subprocess\nchild = subprocess.Popen(['unshare', '--user', 'sleep', '600'])\n"
+                       "import time; time.sleep(0.5); print(child.poll())")
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
     body = json.loads(err.value.response.body)
     log = jp_serverapp.kernel_manager.suspender.store.proc_dir(kid) / "dump-failed.log"
     assert f"CRIU's log: {log}." in body["hint"], body
-    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and "In-flight connection" in log.read_text()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and "nested user namespace" in log.read_text()
     assert body["message"].endswith(". The process was left running."), body["message"]
+    await run_cell(ws, "child.kill(); child.wait()")
     ws.close()
 
 
