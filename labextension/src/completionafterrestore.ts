@@ -11,6 +11,9 @@ import { CommandRegistry } from '@lumino/commands';
 
 import { GpucrModel } from './model';
 
+/** How long the completion waits for this page's connection to the restored kernel. */
+const IDLE_WAIT_MS = 30000;
+
 /** The kernel states in which a completion request waits for a restore. */
 const ON_DISK = ['suspended', 'restoring', 'waiting-for-room'];
 
@@ -88,7 +91,25 @@ export class CompletionAfterRestore {
     ) {
       return;
     }
-    void this._commands.execute('completer:invoke-notebook');
+    // The server says the kernel runs; this page's connection to it may still be coming back
+    // (JupyterLab drops a completion asked of a kernel that is not idle): ask once it is.
+    const kernel = panel.sessionContext.session?.kernel;
+    const ask = () => void this._commands.execute('completer:invoke-notebook');
+    if (!kernel || kernel.status === 'idle') {
+      ask();
+      return;
+    }
+    const deadline = setTimeout(() => {
+      kernel.statusChanged.disconnect(onStatus);
+    }, IDLE_WAIT_MS);
+    const onStatus = (_: Kernel.IKernelConnection, status: Kernel.Status) => {
+      if (status === 'idle') {
+        clearTimeout(deadline);
+        kernel.statusChanged.disconnect(onStatus);
+        ask();
+      }
+    };
+    kernel.statusChanged.connect(onStatus);
   }
 
   private readonly _asked = new Map<string, IAsked>();
