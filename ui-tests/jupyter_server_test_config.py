@@ -9,7 +9,8 @@ and exposes the JupyterLab application object to the page.
   of any copy installed in the environment, so the tests always see the
   current build;
 - the gpucr server extension enabled, with its checkpoints in a temporary
-  directory (GPUCR_UI_STORE overrides);
+  directory (GPUCR_UI_STORE overrides); jupyter-resource-usage (installed for
+  the server's own tests beside it) disabled, server and lab extension;
 - JupyterLab's user settings in a temporary directory: tests that turn galata's
   in-memory settings off (mockSettings: false) write real settings there, never
   into ~/.jupyter. JupyterLab's news and update checks are off in it.
@@ -50,7 +51,16 @@ c.LabServerApp.extra_labextensions_path = _extra  # noqa: F821
 
 # The gpucr server extension (also enabled by its jupyter-config file when
 # installed; explicit here so that a checkout on PYTHONPATH works too).
-c.ServerApp.jpserver_extensions = {"jupyter_gpucr": True}  # noqa: F821
+c.ServerApp.jpserver_extensions = {"jupyter_gpucr": True, "jupyter_resource_usage": False}  # noqa: F821
+
+# JupyterLab as it comes, plus gpucr: jupyter-resource-usage (in the test extra, for the server's
+# own tests beside it) would add its Kernel Usage tab to the right sidebar the specs drive.
+_labconfig = Path(tempfile.mkdtemp(prefix="gpucr-ui-labconfig-"))
+(_labconfig / "labconfig").mkdir()
+(_labconfig / "labconfig" / "page_config.json").write_text(
+    json.dumps({"disabledExtensions": {"@jupyter-server/resource-usage": True}}))
+os.environ["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+    p for p in (str(_labconfig), os.environ.get("JUPYTER_CONFIG_PATH")) if p)
 
 _store = os.environ.get("GPUCR_UI_STORE") or tempfile.mkdtemp(prefix="gpucr-ui-store-")
 os.environ["GPUCR_STORE"] = _store
