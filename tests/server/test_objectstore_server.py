@@ -42,7 +42,7 @@ class Nodes:
         return self.servers[-1]
 
 
-async def wait_listed(server: Served, kernel_id: str, timeout: float = 60) -> None:
+async def wait_listed(server: Served, kernel_id: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while kernel_id not in [k["id"] for k in await server.request("api/kernels")]:
         assert time.monotonic() < deadline, f"kernel {kernel_id} was never listed"
