@@ -152,11 +152,9 @@ class HeldPorts:
         ``HAND_OVER_S`` later, so that a client waiting in their queues reconnects its iopub
         subscription before its request reaches the kernel (else the request's output, published
         before the subscriber is back, would be lost to it)."""
-        holding = self._held.pop(kernel_id, None)
+        holding = self._let_go(kernel_id)
         if holding is None:
             return
-        self._unwatch(holding)
-        self._stop_answering(holding)
         later = []
         for w, s in holding.sockets.items():
             with contextlib.suppress(OSError):
@@ -171,14 +169,18 @@ class HeldPorts:
     def release(self, kernel_id: str) -> None:
         """The kernel's own sockets are bound again (restored), or it is gone: let its ports go
         (a client waiting in their queues is reset, and reconnects to the kernel)."""
+        holding = self._let_go(kernel_id)
+        if holding is not None:
+            _close_all(list(holding.sockets.values()))
+
+    def _let_go(self, kernel_id: str) -> _Holding | None:
+        """Stop holding ``kernel_id``'s ports: no more watching or answering on them; the holding,
+        whose sockets the caller closes."""
         holding = self._held.pop(kernel_id, None)
-        if holding is None:
-            return
-        self._unwatch(holding)
-        self._stop_answering(holding)
-        for s in holding.sockets.values():
-            with contextlib.suppress(OSError):
-                s.close()
+        if holding is not None:
+            self._unwatch(holding)
+            self._stop_answering(holding)
+        return holding
 
     def _connected(self, kernel_id: str, held: socket.socket) -> None:
         """A connection waits in the queue of ``held``: see in ``SETTLE_S`` whether it is a use."""
