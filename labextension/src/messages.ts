@@ -54,6 +54,9 @@ export function engineLabel(engine: string | null | undefined): string {
   }
 }
 
+/** The reasons the server suspends a kernel for on its own (the status says which). */
+const SERVER_REASONS = ['idle', 'room', 'memory', 'server-stop'];
+
 /** Why a checkpoint was made, in the words the panel shows. */
 export function reasonLabel(reason: string | null | undefined): string {
   switch (reason) {
@@ -193,6 +196,9 @@ export function describeKernelState(
         'Kernel is suspended to disk, no process runs' +
         (details.length ? ` (${details.join(', ')})` : '') +
         (savedAt ? `, since ${formatDate(savedAt)}` : '') +
+        (SERVER_REASONS.includes(state.checkpoint?.reason ?? '')
+          ? `; suspended: ${reasonLabel(state.checkpoint?.reason)}`
+          : '') +
         '. Run a cell or click Resume to bring it back.';
       let kind: StatusKind = 'suspended';
       if (error) {

@@ -330,6 +330,20 @@ describe('transitionNotice', () => {
     );
     assert.equal(reasonLabel('memory'), 'host memory was needed');
     assert.equal(reasonLabel('room'), 'made room for another kernel');
+    assert.match(
+      describeKernelState(full, NOW).title,
+      /; suspended: host memory was needed\. Run a cell/
+    );
+    assert.doesNotMatch(
+      describeKernelState(
+        kernel({
+          state: 'suspended',
+          checkpoint: { ...CHECKPOINT, reason: 'manual' }
+        }),
+        NOW
+      ).title,
+      /suspended:/
+    );
   });
   it('says nothing new when a failed restore leaves the kernel suspended', () => {
     assert.equal(
