@@ -10,6 +10,7 @@ from typing import Any
 
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
+from jupyter_server.services.kernels.connection.base import deserialize_binary_message
 
 _session = Session(key=b"")
 
@@ -29,6 +30,12 @@ def message(msg_type: str, content: dict[str, Any], channel: str = "shell") -> d
     return msg
 
 
+def decode(raw: str | bytes) -> dict[str, Any]:
+    """A message read from the websocket: JSON text, or a binary frame for one with buffers
+    (a widget's image, an array)."""
+    return deserialize_binary_message(raw) if isinstance(raw, bytes) else json.loads(raw)
+
+
 async def send(ws: Any, msg: dict[str, Any]) -> None:
     await ws.write_message(json.dumps(msg, default=json_default))
 
@@ -42,7 +49,7 @@ async def collect(ws: Any, msg_id: str, timeout: float = 120) -> tuple[dict[str,
             raw = await ws.read_message()
             if raw is None:
                 raise ConnectionError("websocket closed")
-            msg = json.loads(raw)
+            msg = decode(raw)
             parent = msg.get("parent_header", {}).get("msg_id")
             kind = msg["header"]["msg_type"]
             if kind == "status":

@@ -35,6 +35,7 @@ command -v jupyter >/dev/null || fail "no jupyter on PATH: run 'bash scripts/set
 command -v jlpm >/dev/null || fail "no jlpm on PATH (it comes with jupyterlab): run 'bash scripts/setup.sh' first"
 command -v node >/dev/null || fail "node is not installed (apt-get install nodejs, node >= 18)"
 python -c 'import jupyter_gpucr' 2>/dev/null || fail "jupyter_gpucr is not importable from $(command -v python): run 'bash scripts/setup.sh'"
+python -c 'import ipywidgets' 2>/dev/null || fail "ipywidgets (widgets.spec.ts; in the test extra) is not installed: run 'bash scripts/setup.sh'"
 
 # 2. browser
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1

@@ -127,9 +127,10 @@ class GPUCR(Configurable):
         Unicode(),
         default_value=["execute_request", "complete_request", "inspect_request", "is_complete_request", "comm_msg"],
         config=True,
-        help="Messages that restore a suspended kernel (comm_msg only for comms open at suspend time). "
-        "Everything else clients send on their own (kernel_info, history, comm_info, debug, usage requests) "
-        "is answered from what was saved at suspend time, without restoring.",
+        help="Messages that restore a suspended kernel (comm_msg only for comms open at suspend time: a widget "
+        "moved). Everything else clients send on their own (kernel_info, history, comm_info, debug, usage requests, "
+        "ipywidgets' requests for the widgets' state when a page loads) is answered from what was saved at suspend "
+        "time, without restoring.",
     )
     restore_keepalive_s = Float(
         2.0, min=0.1, config=True,

@@ -4,10 +4,13 @@ when a tab changes, jupyter-resource-usage every few seconds).
 
 :func:`answer` returns the reply to send, or None when the request needs the kernel to compute
 (the configured ``restore_on`` message types, and comm messages of a comm that was open when the
-kernel was suspended): those restore the kernel.
+kernel was suspended): those restore the kernel. A page's ipywidgets manager asking for the state of
+its widgets (on every load) is answered from the state the kernel gave at suspend time, as its
+control comm would: a reload draws the widgets without a restore; a widget moved restores it.
 """
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import sqlite3
@@ -18,6 +21,8 @@ from typing import Any
 import psutil
 
 SUSPENDED_TEXT = "The kernel is suspended to disk; run a cell or resume it to use it."
+#: ipywidgets' comm that a page's widget manager opens to ask for every widget's state
+WIDGET_CONTROL_TARGET = "jupyter.widget.control"
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class Reply:
     msg_type: str
     channel: str
     content: dict[str, Any]
+    buffers: tuple[bytes, ...] = ()  # binary parts of a comm message (a widget's image, an array)
 
 
 @dataclass
@@ -37,6 +43,9 @@ class Saved:
 
 def answer(msg_type: str, channel: str, content: dict[str, Any], saved: Saved, restore_on: set[str]) -> Reply | None:
     """The reply a suspended kernel gives to one request; None: restore the kernel for it."""
+    widgets = _widget_states(msg_type, content, saved)
+    if widgets is not None:
+        return widgets
     if msg_type in restore_on and not (msg_type == "comm_msg" and not _comm_is_live(content, saved)):
         return None
     if msg_type == "kernel_info_request" and "kernel_info" in saved.replies:
@@ -52,8 +61,8 @@ def answer(msg_type: str, channel: str, content: dict[str, Any], saved: Saved, r
     if msg_type == "interrupt_request":
         return Reply("interrupt_reply", channel, {"status": "ok"})
     if msg_type == "comm_open":
-        # A client-side comm (an ipywidgets manager asking for state): the target is not
-        # reachable now; closing it at once makes the client fall back instead of waiting.
+        # A client-side comm to a target only the running kernel serves: closing it at once
+        # makes the client fall back instead of waiting.
         return Reply("comm_close", "iopub", {"comm_id": content.get("comm_id"), "data": {}})
     if msg_type == "comm_msg":  # to a comm that was not open at suspend time
         return Reply("comm_close", "iopub", {"comm_id": content.get("comm_id"), "data": {}})
@@ -66,6 +75,33 @@ def error_content(ename: str, evalue: str) -> dict[str, Any]:
     """A well-formed error reply; ``execution_count`` keeps execute_reply valid too."""
     return {"status": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"],
             "execution_count": None}
+
+
+def _widget_states(msg_type: str, content: dict[str, Any], saved: Saved) -> Reply | None:
+    """What ipywidgets in the kernel would answer a page's widget manager asking for state (its
+    control comm opened, ``request_states`` on it; with older managers ``request_state`` on each
+    widget's comm), from the state saved at suspend time; None: not such a request, or nothing
+    was saved (the kernel had no widgets, or no control comm)."""
+    widgets = saved.replies.get("widgets")
+    if widgets is None:
+        return None
+    if msg_type == "comm_open" and content.get("target_name") == WIDGET_CONTROL_TARGET:
+        return Reply("", "iopub", {})  # the kernel's control comm opens without a word
+    if msg_type != "comm_msg":
+        return None
+    comm_id = content.get("comm_id")
+    method = (content.get("data") or {}).get("method")
+    if method == "request_states" and not _comm_is_live(content, saved):
+        data = {"method": "update_states", "states": widgets["states"], "buffer_paths": widgets["buffer_paths"]}
+        buffers = tuple(base64.b64decode(b) for b in widgets["buffers"])
+        return Reply("comm_msg", "iopub", {"comm_id": comm_id, "data": data}, buffers)
+    if method == "request_state" and comm_id in widgets["states"]:
+        own = [(path[2:], base64.b64decode(buffer))  # paths in the full state: [widget, "state", ...]
+               for path, buffer in zip(widgets["buffer_paths"], widgets["buffers"], strict=True)
+               if path[:2] == [comm_id, "state"]]
+        data = {"method": "update", "state": widgets["states"][comm_id]["state"], "buffer_paths": [p for p, _ in own]}
+        return Reply("comm_msg", "iopub", {"comm_id": comm_id, "data": data}, tuple(b for _, b in own))
+    return None
 
 
 def _comm_is_live(content: dict[str, Any], saved: Saved) -> bool:

@@ -12,6 +12,7 @@ started): replies to other requests read on the same client's shell channel are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -31,6 +32,7 @@ _RESULT = "__import__('gpucr_hooks')._rpc.reply()"
 #: The folder of a checkpoint (or of its portable copy) that the snapshot engine saves a namespace into.
 SNAPSHOT_PAYLOAD = "snapshot"
 HISTORY_FILE = "history.sqlite"  # an IPython kernel's own database, in its process folder
+WIDGET_TARGET = "jupyter.widget"  # the comm target of each ipywidget
 
 
 class SnapshotError(Exception):
@@ -71,12 +73,18 @@ async def with_client(km: Any, fn: Callable[..., Awaitable[Any]], *args: Any, **
 
 async def saved_replies(client: Any, timeout: float = 10.0) -> dict[str, Any]:
     """What a suspended kernel answers from disk: the replies clients ask for on their own
-    when they connect (kernel_info, comm_info, the debugger's debugInfo). A kernel that cannot
-    answer one (no debugger) simply has no saved reply for it."""
+    when they connect (kernel_info, comm_info, the debugger's debugInfo, the state of its
+    ipywidgets). A kernel that cannot answer one (no debugger) simply has no saved reply for it."""
     out: dict[str, Any] = {}
     # _reply, not reply=True: it notices a kernel that died instead of waiting out the timeout
     out["kernel_info"] = (await _reply(client, client.kernel_info(), "kernel_info", timeout))["content"]
     out["comm_info"] = (await _reply(client, client.comm_info(), "comm_info", timeout))["content"]
+    if any(comm.get("target_name") == WIDGET_TARGET for comm in out["comm_info"].get("comms", {}).values()):
+        # without gpucr_hooks in the kernel there is no saved state: a page that loads restores it
+        with contextlib.suppress(SnapshotError):
+            widgets = await _call(client, "widget_states", {}, timeout)
+            if widgets is not None:
+                out["widgets"] = widgets
     info = out["kernel_info"]
     if info.get("debugger") or "debugger" in info.get("supported_features", []):
         msg = client.session.msg("debug_request", {"type": "request", "seq": 1, "command": "debugInfo"})

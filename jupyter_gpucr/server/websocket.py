@@ -48,6 +48,7 @@ from jupyter_client.session import Session
 from jupyter_server.services.kernels.connection.base import (
     BaseKernelWebsocketConnection,
     deserialize_msg_from_ws_v1,
+    serialize_binary_message,
     serialize_msg_to_ws_v1,
 )
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
@@ -322,16 +323,19 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
                 self._waking = asyncio.ensure_future(self._restore(header))
                 return
             self._queue.pop(0)
-            if reply.msg_type:
-                self._reply(reply, header)
+            self._reply(reply, header, channel)
 
-    def _reply(self, reply: dormant.Reply, parent: dict[str, Any]) -> None:
-        if reply.channel == "iopub":
-            self._send(reply.content, reply.msg_type, "iopub", parent)
-            return
-        self._send({"execution_state": "busy"}, "status", "iopub", parent)
-        self._send(reply.content, reply.msg_type, reply.channel, parent)
-        self._send({"execution_state": "idle"}, "status", "iopub", parent)
+    def _reply(self, reply: dormant.Reply, parent: dict[str, Any], channel: str) -> None:
+        """Say what the kernel says to a message that came on ``channel``: on shell and control,
+        its answer (if any) between a ``busy`` and an ``idle`` (ipykernel's statuses for every
+        message there, comm messages included); on stdin only the answer."""
+        statuses = channel in ("shell", "control")
+        if statuses:
+            self._send({"execution_state": "busy"}, "status", "iopub", parent)
+        if reply.msg_type:
+            self._send(reply.content, reply.msg_type, reply.channel, parent, reply.buffers)
+        if statuses:
+            self._send({"execution_state": "idle"}, "status", "iopub", parent)
 
     def _answered_while_waking(self, msg: Any) -> bool:
         """While the kernel is being restored: see the module docstring. False: queue it."""
@@ -343,11 +347,11 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         if msg_type == "kernel_info_request":
             saved = self.suspender.saved_for(self.kernel_id).replies.get("kernel_info")
             if saved:
-                self._reply(dormant.Reply("kernel_info_reply", channel, saved), header)
+                self._reply(dormant.Reply("kernel_info_reply", channel, saved), header, channel)
             return bool(saved)
         if msg_type == "interrupt_request":
             self.multi_kernel_manager.cancel_queued(self.kernel_id)
-            self._reply(dormant.Reply("interrupt_reply", channel, {"status": "ok"}), header)
+            self._reply(dormant.Reply("interrupt_reply", channel, {"status": "ok"}), header, channel)
             return True
         return False  # queued behind the request that restores the kernel: its busy comes from the kernel
 
@@ -433,13 +437,19 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
             answered += 1
         return answered
 
-    def _send(self, content: dict[str, Any], msg_type: str, channel: str, parent: dict[str, Any] | None) -> None:
+    def _send(self, content: dict[str, Any], msg_type: str, channel: str, parent: dict[str, Any] | None,
+              buffers: tuple[bytes, ...] = ()) -> None:
         if self._closed:
             return
         msg = self.session.msg(msg_type, content, parent=parent or {})
         try:
             if self.subprotocol == V1:
-                self.websocket_handler.write_message(serialize_msg_to_ws_v1(msg, channel, self.session.pack), binary=True)
+                parts = [self.session.pack(msg[part]) for part in ("header", "parent_header", "metadata", "content")]
+                self.websocket_handler.write_message(serialize_msg_to_ws_v1([*parts, *buffers], channel), binary=True)
+            elif buffers:  # the JSON protocol's binary frame, as jupyter_server sends a message with buffers
+                msg["channel"] = channel
+                msg["buffers"] = list(buffers)
+                self.websocket_handler.write_message(serialize_binary_message(msg), binary=True)
             else:
                 msg["channel"] = channel
                 self.websocket_handler.write_message(json.dumps(msg, default=json_default))

@@ -16,9 +16,10 @@ from .offload import offload_tensors, reload_tensors, reload_tensors_from
 from .reseed import reseed
 from .snapshot import snapshot_load, snapshot_prepare, snapshot_save
 from .trim import prepare_suspend
+from .widgets import widget_states
 
 __all__ = ["load_ipython_extension", "offload_tensors", "prepare_suspend", "reload_tensors", "reload_tensors_from", "reopen_history", "reseed", "snapshot_load",
-           "snapshot_prepare", "snapshot_save", "unload_ipython_extension"]
+           "snapshot_prepare", "snapshot_save", "unload_ipython_extension", "widget_states"]
 
 _rpc.register(prepare_suspend, offload_tensors, reload_tensors, reload_tensors_from, reopen_history, snapshot_save,
-              snapshot_load, snapshot_prepare)
+              snapshot_load, snapshot_prepare, widget_states)

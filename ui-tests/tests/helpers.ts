@@ -302,3 +302,57 @@ export async function newNotebook(
   await page.notebook.run();
   return kernelId;
 }
+
+/** Wait until JupyterLab in this page is up and has restored its layout. */
+export async function waitForLab(page: Page): Promise<void> {
+  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+  await page.waitForFunction(() =>
+    (window as any).jupyterapp?.commands?.hasCommand('docmanager:open')
+  );
+  await page.evaluate(() => (window as any).jupyterapp.restored);
+}
+
+/**
+ * Open a notebook by path with JupyterLab's own command and make it current.
+ * The command is given again while the notebook is not current with its
+ * kernel: right after a reload, the layout being restored can still move the
+ * focus to another tab (as a user would, click it again).
+ */
+export async function openNotebook(page: Page, path: string): Promise<string> {
+  const deadline = Date.now() + 60000;
+  for (;;) {
+    await page.evaluate(
+      p =>
+        (window as any).jupyterapp.commands.execute('docmanager:open', {
+          path: p
+        }),
+      path
+    );
+    try {
+      await page.waitForFunction(
+        p =>
+          (window as any).jupyterapp.shell.currentWidget?.context?.path === p &&
+          !!(window as any).jupyterapp.shell.currentWidget.sessionContext
+            .session?.kernel,
+        path,
+        { timeout: 5000 }
+      );
+      return currentKernelId(page);
+    } catch (e) {
+      if (Date.now() < deadline) {
+        continue;
+      }
+      const current = await page.evaluate(() => {
+        const widget = (window as any).jupyterapp.shell.currentWidget;
+        return {
+          path: widget?.context?.path,
+          session: !!widget?.sessionContext?.session,
+          kernel: !!widget?.sessionContext?.session?.kernel
+        };
+      });
+      throw new Error(
+        `${path} did not become the current notebook with its kernel in 60 s; current: ${JSON.stringify(current)}`
+      );
+    }
+  }
+}
