@@ -6,8 +6,9 @@ to make it (``room.py``). With object storage a suspend passes through ``uploadi
 is on this node's disk, its upload under way) before ``suspended`` (every object in the store).
 
 :meth:`KernelLifecycle.transition` is the only place a state changes, and every change is
-emitted on jupyter_server's event bus, so the REST API, the events and the UI cannot disagree.
-The kernel state's shape is ``schemas/kernel-state.json``; the event schema is derived from it.
+emitted on jupyter_server's event bus with the kernel's whole state, so the REST API, the events
+and the UI cannot disagree, and a client needs no request after an event. The kernel state's shape
+is ``schemas/kernel-state.json``; the event schema is derived from it.
 """
 from __future__ import annotations
 
@@ -26,8 +27,6 @@ STATE_SCHEMA_PATH = Path(__file__).parent / "schemas" / "kernel-state.json"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
 PHASES = ["trimming", "gpu-checkpoint", "dumping", "verifying", "done", "restoring", "gpu-restore", "failed",
           "pending", "cancelled", "waiting-for-room", "uploading", "downloading"]
-#: Kernel-state properties that events carry besides kernel_id, state and the progress fields.
-EVENT_FIELDS = ["error", "hint", "summary", "retryable", "notebook_path", "restored_at", "suspended_for", "lost", "room", "made_room_for", "ahead"]
 
 RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
 WAITING = "waiting-for-room"
@@ -48,24 +47,25 @@ def state_schema() -> dict[str, Any]:
 
 
 def event_schema() -> dict[str, Any]:
-    """The event bus schema: the kernel-state properties events carry, plus progress."""
+    """The event bus schema: the whole kernel state, plus what happened (phase) and its bytes.
+    Every property is required, so that a client applies an event without asking for the state."""
     props = state_schema()["properties"]
+    properties = {
+        **props,
+        "phase": {"enum": PHASES},
+        "bytes_done": {"type": "integer"},
+        "bytes_total": {"type": "integer"},
+    }
     return {
         "$id": EVENT_SCHEMA_ID,
         "version": "1",
         "title": "gpucr kernel state",
         "personal-data": True,
-        "description": "A kernel's suspend/restore state changed, or an operation progressed.",
+        "description": "A kernel's suspend/restore state changed, or an operation progressed: the kernel's "
+                       "whole state as the server last set it, with the phase and bytes of the change.",
         "type": "object",
-        "required": ["kernel_id", "state", "phase"],
-        "properties": {
-            "kernel_id": props["kernel_id"],
-            "state": props["state"],
-            "phase": {"enum": PHASES},
-            "bytes_done": {"type": "integer"},
-            "bytes_total": {"type": "integer"},
-            **{name: props[name] for name in EVENT_FIELDS},
-        },
+        "required": list(properties),
+        "properties": properties,
     }
 
 
@@ -190,7 +190,6 @@ class KernelLifecycle(LoggingConfigurable):
         st.progress = {"phase": phase, "bytes_done": int(done), "bytes_total": int(total)}
         if self.event_logger is None:
             return
-        data = {"kernel_id": st.kernel_id, "state": st.state, "phase": phase, "bytes_done": int(done),
-                "bytes_total": int(total)}
-        data.update({name: getattr(st, name) for name in EVENT_FIELDS})
+        # A copy (to_dict is deep): listeners run later, the state changes on.
+        data = {**st.to_dict(), "phase": phase, "bytes_done": int(done), "bytes_total": int(total)}
         self.event_logger.emit(schema_id=EVENT_SCHEMA_ID, data=data)

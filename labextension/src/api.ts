@@ -1,9 +1,11 @@
 /**
- * The REST client of the gpucr server extension (docs/rest-api.md): one
- * request function and the typed calls on it. No state: the model
+ * The REST client of the gpucr server extension (docs/rest-api.md), and of
+ * the one jupyter_server call the extension makes beside JupyterLab's own
+ * (a session on a given kernel): one request function and the typed calls on
+ * it. Every request of the extension goes through here. No state: the model
  * (model.ts) keeps what the answers say.
  */
-import { URLExt } from '@jupyterlab/coreutils';
+import { PathExt, URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import type {
@@ -12,6 +14,7 @@ import type {
   IGpu,
   IKernelState,
   IRoomPlace,
+  ISavePoint,
   ITrashItem,
   SuspendWhen
 } from './types';
@@ -51,12 +54,24 @@ export class GpucrRequestError extends Error {
  * @returns the decoded JSON answer, `undefined` for 204
  * @throws GpucrRequestError with the server's message on an HTTP error
  */
-export async function requestAPI<T>(
+export function requestAPI<T>(
   endPoint = '',
   init: RequestInit = {},
   settings: ServerConnection.ISettings = ServerConnection.makeSettings()
 ): Promise<T> {
-  const url = URLExt.join(settings.baseUrl, API_PREFIX, endPoint);
+  return requestServer<T>(URLExt.join(API_PREFIX, endPoint), init, settings);
+}
+
+/**
+ * Call the server at `path` (relative to its base URL, already URL-encoded);
+ * answers and errors as `requestAPI`.
+ */
+async function requestServer<T>(
+  path: string,
+  init: RequestInit,
+  settings: ServerConnection.ISettings
+): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, path);
   let response: Response;
   try {
     response = await ServerConnection.makeRequest(url, init, settings);
@@ -218,6 +233,70 @@ export class GpucrClient {
 
   doctor(): Promise<IDoctorReport> {
     return requestAPI<IDoctorReport>('doctor', {}, this.serverSettings);
+  }
+
+  /** Copy the kernel into `count` new kernels (`POST .../fork`); their ids. */
+  async fork(
+    kernelId: string,
+    options: { count: number; gpu: string }
+  ): Promise<string[]> {
+    const made = await requestAPI<{ kernels: { id: string }[] }>(
+      `kernels/${id(kernelId)}/fork`,
+      { method: 'POST', body: JSON.stringify(options) },
+      this.serverSettings
+    );
+    return made.kernels.map(k => k.id);
+  }
+
+  /** The kernel's save points, oldest first. */
+  listSavePoints(kernelId: string): Promise<ISavePoint[]> {
+    return requestAPI<ISavePoint[]>(
+      `kernels/${id(kernelId)}/savepoints`,
+      {},
+      this.serverSettings
+    );
+  }
+
+  /** Keep the kernel's whole state now; the kernel runs on as it was. */
+  takeSavePoint(kernelId: string, name: string | null): Promise<ISavePoint> {
+    return requestAPI<ISavePoint>(
+      `kernels/${id(kernelId)}/savepoints`,
+      { method: 'POST', body: JSON.stringify(name ? { name } : {}) },
+      this.serverSettings
+    );
+  }
+
+  /** Return the kernel to a save point; what it held goes to the trash (its id). */
+  goBackToSavePoint(
+    kernelId: string,
+    savePointId: string
+  ): Promise<{ trash_id: string }> {
+    return requestAPI<{ trash_id: string }>(
+      `kernels/${id(kernelId)}/savepoints/${id(savePointId)}/restore`,
+      { method: 'POST', body: '{}' },
+      this.serverSettings
+    );
+  }
+
+  /**
+   * A notebook session at `path` on the running kernel `kernelId`
+   * (`POST /api/sessions`: JupyterLab's session manager only starts
+   * sessions with new kernels).
+   */
+  async attachSession(path: string, kernelId: string): Promise<void> {
+    await requestServer<unknown>(
+      'api/sessions',
+      {
+        method: 'POST',
+        body: JSON.stringify({
+          path,
+          name: PathExt.basename(path),
+          type: 'notebook',
+          kernel: { id: kernelId }
+        })
+      },
+      this.serverSettings
+    );
   }
 }
 

@@ -10,13 +10,13 @@
  * on it instead of starting a kernel of its own.
  */
 import { Notification } from '@jupyterlab/apputils';
-import { PathExt, URLExt } from '@jupyterlab/coreutils';
+import { PathExt } from '@jupyterlab/coreutils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
-import { Contents, ServerConnection } from '@jupyterlab/services';
+import { Contents } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
 
-import { GpucrRequestError, requestAPI } from './api';
+import { GpucrRequestError } from './api';
 import { fitToast, plainError } from './messages';
 import { GpucrModel } from './model';
 import { canResume, canSuspend } from './state';
@@ -36,7 +36,6 @@ export interface IForkContext {
   model: GpucrModel;
   tracker: INotebookTracker;
   contents: Contents.IManager;
-  serverSettings: ServerConnection.ISettings;
   /** How the user calls a kernel (its notebook's name). */
   label: (kernelId: string) => string;
 }
@@ -57,46 +56,6 @@ export async function nextForkPath(
       return candidate;
     }
   }
-}
-
-/**
- * A session for the notebook at `path` on the running kernel `kernelId`
- * (JupyterLab's session manager only starts sessions with new kernels).
- */
-async function attachSession(
-  path: string,
-  kernelId: string,
-  settings: ServerConnection.ISettings
-): Promise<void> {
-  const response = await ServerConnection.makeRequest(
-    URLExt.join(settings.baseUrl, 'api/sessions'),
-    {
-      method: 'POST',
-      body: JSON.stringify({
-        path,
-        name: PathExt.basename(path),
-        type: 'notebook',
-        kernel: { id: kernelId }
-      })
-    },
-    settings
-  );
-  if (!response.ok) {
-    throw new ServerConnection.ResponseError(response);
-  }
-}
-
-/** Fork `kernelId` into one new kernel on the server; the new kernel's id. */
-async function forkKernel(
-  kernelId: string,
-  settings: ServerConnection.ISettings
-): Promise<string> {
-  const made = await requestAPI<{ kernels: { id: string }[] }>(
-    `kernels/${encodeURIComponent(kernelId)}/fork`,
-    { method: 'POST', body: JSON.stringify({ count: 1, gpu: 'auto' }) },
-    settings
-  );
-  return made.kernels[0].id;
 }
 
 export function addForkCommand(ctx: IForkContext): void {
@@ -127,14 +86,17 @@ export function addForkCommand(ctx: IForkContext): void {
         autoClose: false
       });
       try {
-        const forkId = await forkKernel(kernelId, ctx.serverSettings);
+        const [forkId] = await model.client.fork(kernelId, {
+          count: 1,
+          gpu: 'auto'
+        });
         const path = await nextForkPath(ctx.contents, panel.context.path);
         await ctx.contents.save(path, {
           type: 'notebook',
           format: 'json',
           content: panel.content.model?.toJSON()
         });
-        await attachSession(path, forkId, ctx.serverSettings);
+        await model.client.attachSession(path, forkId);
         await commands.execute('docmanager:open', {
           path,
           factory: 'Notebook'

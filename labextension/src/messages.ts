@@ -446,8 +446,7 @@ function noticeOf(
 
 /**
  * A finished suspend, once its new checkpoint is known (the event that says
- * "suspended" comes before the state with the checkpoint's size and why it
- * was made: the notice waits for that).
+ * "suspended" carries it: its size and why it was made).
  */
 function suspendedNotice(current: IKernelState, name: string): INotice {
   const took = formatSeconds(current.timings?.total);

@@ -1,19 +1,20 @@
 /**
- * The model the views render: the kernel states (store.ts, kept current by
- * polls, events and the replies to this browser's operations), the
- * checkpoint, trash and GPU lists, what each GPU (and the host memory budget)
- * holds, and the operations themselves.
+ * The model the views render: the kernel states (store.ts), the lists the
+ * side panel shows (lists.ts), and the operations of this browser.
  *
- * Views never call the server themselves; they read this model and listen to
- * its signals. The requests go through the REST client (api.ts).
+ * A kernel's state comes whole from the server's events, from the replies to
+ * this browser's operations, and from polls (poller.ts) as the fallback for
+ * what no event says: a kernel started or shut down, an event connection
+ * lost. Views never call the server themselves; they read this model and
+ * listen to its signals. The requests go through the REST client (api.ts).
  */
 import { ServerConnection } from '@jupyterlab/services';
 import type { IDisposable } from '@lumino/disposable';
-import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { GpucrClient, GpucrRequestError } from './api';
-import { timeValue } from './format';
+import { ServerLists } from './lists';
+import { Poller } from './poller';
 import { isTransient } from './state';
 import { IKernelTransition, KernelStore } from './store';
 import {
@@ -27,36 +28,18 @@ import {
   KERNEL_STATE_SCHEMA
 } from './types';
 
-/** Poll interval while a kernel is suspending or restoring. */
-const FAST_POLL_MS = 1000;
-/** How often the views' shared clock (`GpucrModel.now`) advances. */
-const CLOCK_MS = 15000;
-
-/**
- * The client-side store: kernel states (polled for the kernels the UI shows
- * and updated from the event bus), checkpoints and GPUs (polled while the
- * side panel is visible). Polls stand by while the page is hidden.
- */
 export class GpucrModel implements IDisposable {
   constructor(options: GpucrModel.IOptions) {
     this.client = options.client ?? new GpucrClient(options.serverSettings);
     this.trashHours = options.trashHours;
-    this._pollInterval = options.pollInterval ?? 3000;
+    this._lists = new ServerLists(this.client);
+    this._lists.changed.connect(() => this._changed.emit(), this);
     this._store.changed.connect(this._onKernelChanged, this);
-    this._poll = new Poll({
-      name: 'jupyter-gpucr:kernels',
-      factory: () => this._tick(),
-      frequency: {
-        interval: this._pollInterval,
-        backoff: false,
-        max: Poll.MAX_INTERVAL
-      },
-      standby: 'when-hidden'
+    this._poller = new Poller({
+      tick: () => this._tick(),
+      fast: () => this._store.anyTransient,
+      interval: options.pollInterval
     });
-    this._clock = setInterval(() => {
-      this._now = new Date();
-      this._ticked.emit();
-    }, CLOCK_MS);
   }
 
   /** The REST client. */
@@ -70,12 +53,12 @@ export class GpucrModel implements IDisposable {
    * so that the status bar, the side panel and the Running sidebar agree.
    */
   get now(): Date {
-    return this._now;
+    return this._poller.now;
   }
 
   /** Emitted when `now` advances: views showing ages render again. */
-  get ticked(): ISignal<this, void> {
-    return this._ticked;
+  get ticked(): ISignal<Poller, void> {
+    return this._poller.ticked;
   }
 
   /** Emitted when one kernel's state changes, from any source. */
@@ -103,44 +86,47 @@ export class GpucrModel implements IDisposable {
   }
 
   get checkpoints(): ReadonlyArray<ICheckpoint> {
-    return this._checkpoints;
+    return this._lists.checkpoints;
   }
 
   /** Checkpoints of kernels shut down or restarted, newest first. */
   get trash(): ReadonlyArray<ITrashItem> {
-    return this._trash;
+    return this._lists.trash;
   }
 
   get gpus(): ReadonlyArray<IGpu> {
-    return this._gpus;
+    return this._lists.gpus;
   }
 
   /** What each GPU (and the host memory budget) holds: `GET /api/gpucr/room`. */
   get room(): ReadonlyArray<IRoomPlace> {
-    return this._room;
+    return this._lists.room;
   }
 
   get doctor(): IDoctorReport | null {
-    return this._doctor;
+    return this._lists.doctor;
   }
 
-  /** The error of the last list refresh, if it failed. */
+  /** What the last refresh of the kernels and lists could not fetch, if anything. */
   get listError(): string | null {
-    return this._listError;
+    const errors = [
+      ...(this._kernelsError ? [this._kernelsError] : []),
+      ...this._lists.errors
+    ];
+    return errors.length ? [...new Set(errors)].join('; ') : null;
   }
 
   /** Whether the lists were fetched at least once. */
   get listsLoaded(): boolean {
-    return this._listsLoaded;
+    return this._lists.loaded;
   }
 
   /** Poll interval in milliseconds. */
   get pollInterval(): number {
-    return this._pollInterval;
+    return this._poller.interval;
   }
   set pollInterval(value: number) {
-    this._pollInterval = Math.max(500, value);
-    this._pace();
+    this._poller.interval = value;
   }
 
   get isDisposed(): boolean {
@@ -191,9 +177,9 @@ export class GpucrModel implements IDisposable {
 
   /**
    * Fetch every kernel's state now (the status bar, the toolbar indicator and
-   * the Running sidebar show them); returns the error, if any.
+   * the Running sidebar show them).
    */
-  async refreshKernels(): Promise<string | null> {
+  async refreshKernels(): Promise<void> {
     let states: IKernelState[];
     const asked = this._store.ask();
     try {
@@ -202,81 +188,24 @@ export class GpucrModel implements IDisposable {
       if (error instanceof GpucrRequestError && error.status === 404) {
         this._available = false;
       }
-      return String((error as Error).message ?? error);
+      this._setKernelsError(String((error as Error).message ?? error));
+      return;
     }
-    if (!Array.isArray(states)) {
-      return null;
+    this._setKernelsError(null);
+    if (Array.isArray(states)) {
+      this._available = true;
+      this._store.applyList(states, asked);
     }
-    this._available = true;
-    this._store.applyList(states, asked);
-    return null;
   }
 
   /** Fetch kernels, checkpoints, trash, GPUs and what they hold now. */
   async refreshLists(): Promise<void> {
-    const [kernels, checkpoints, gpus, trash, room] = await Promise.allSettled([
-      this.refreshKernels(),
-      this.client.listCheckpoints(),
-      this.client.listGpus(),
-      this.client.listTrash(),
-      this.client.room()
-    ]);
-    const errors: string[] = [];
-    if (kernels.status === 'fulfilled' && kernels.value) {
-      errors.push(kernels.value);
-    }
-    if (
-      checkpoints.status === 'fulfilled' &&
-      Array.isArray(checkpoints.value)
-    ) {
-      this._checkpoints = [...checkpoints.value].sort(
-        (a, b) => timeValue(b.created) - timeValue(a.created)
-      );
-    } else if (checkpoints.status === 'rejected') {
-      errors.push(String((checkpoints.reason as Error).message));
-    }
-    if (trash.status === 'fulfilled' && Array.isArray(trash.value)) {
-      this._trash = [...trash.value].sort(
-        (a, b) => timeValue(b.trashed_at) - timeValue(a.trashed_at)
-      );
-    } else if (trash.status === 'rejected') {
-      errors.push(String((trash.reason as Error).message));
-    }
-    if (gpus.status === 'fulfilled' && Array.isArray(gpus.value)) {
-      this._gpus = gpus.value;
-    } else if (gpus.status === 'rejected') {
-      errors.push(String((gpus.reason as Error).message));
-    }
-    if (room.status === 'fulfilled' && Array.isArray(room.value)) {
-      this._room = room.value;
-    } else if (room.status === 'rejected') {
-      errors.push(String((room.reason as Error).message));
-    }
-    const listError = errors.length ? [...new Set(errors)].join('; ') : null;
-    this._listError = listError;
-    this._listsLoaded = true;
-    this._changed.emit();
+    await Promise.all([this.refreshKernels(), this._lists.refresh()]);
   }
 
   /** Fetch the doctor report (what works on the server machine). */
-  async refreshDoctor(): Promise<IDoctorReport | null> {
-    try {
-      this._doctor = await this.client.doctor();
-    } catch (error) {
-      this._doctor = {
-        ok: false,
-        checks: [
-          {
-            name: 'gpucr API',
-            ok: false,
-            detail: (error as Error).message,
-            fix: 'Check that the jupyter_gpucr server extension is enabled: jupyter server extension list'
-          }
-        ]
-      };
-    }
-    this._changed.emit();
-    return this._doctor;
+  refreshDoctor(): Promise<IDoctorReport> {
+    return this._lists.refreshDoctor();
   }
 
   /**
@@ -290,26 +219,9 @@ export class GpucrModel implements IDisposable {
     kernelId: string,
     options: GpucrClient.ISuspendOptions = {}
   ): Promise<IKernelState> {
-    const previous = this._store.begin(
-      kernelId,
-      'suspend',
-      options.when === 'idle' ? null : 'suspending'
+    return this._operation(kernelId, 'suspend', () =>
+      this.client.suspend(kernelId, options)
     );
-    try {
-      const state = await this.client.suspend(kernelId, options);
-      this._store.end(kernelId);
-      return this._store.applyReply(kernelId, state);
-    } catch (error) {
-      this._store.end(kernelId);
-      if (error instanceof GpucrRequestError && error.isBusy) {
-        this._store.putBack(kernelId, previous);
-      } else {
-        await this._afterFailure(kernelId, 'running', error as Error);
-      }
-      throw error;
-    } finally {
-      this._afterOperation();
-    }
   }
 
   /** Cancel a pending suspend: the kernel keeps running. */
@@ -320,13 +232,31 @@ export class GpucrModel implements IDisposable {
     return current;
   }
 
+  /** Resume a suspended kernel (the server picks a GPU unless `gpu` is given). */
+  async resume(kernelId: string, gpu?: string | number): Promise<IKernelState> {
+    return this._operation(kernelId, 'resume', () =>
+      this.client.resume(kernelId, gpu)
+    );
+  }
+
+  /**
+   * The kernel is about to be used (its user types into a cell): a suspended
+   * kernel starts restoring in the background. The server answers at once,
+   * before the restore's events: its reply counts as a poll.
+   */
+  async resumeAhead(kernelId: string): Promise<void> {
+    const asked = this._store.ask();
+    const state = await this.client.resumeAhead(kernelId);
+    this._store.applyPolled(kernelId, state, asked);
+  }
+
   /** Put a trashed checkpoint back; its kernel is suspended again. */
   async restoreFromTrash(
     trashId: string,
     options: GpucrClient.IRestoreOptions = {}
   ): Promise<IKernelState> {
     // Its event may come before the reply: neither is a suspend that just finished.
-    const kernelId = this._trash.find(t => t.id === trashId)?.kernel_id;
+    const kernelId = this.trash.find(t => t.id === trashId)?.kernel_id;
     if (kernelId) {
       this._store.expectFromTrash(kernelId);
     }
@@ -350,47 +280,21 @@ export class GpucrModel implements IDisposable {
   /** Delete a trashed checkpoint for good. */
   async deleteFromTrash(trashId: string): Promise<void> {
     await this.client.deleteTrash(trashId);
-    this._trash = this._trash.filter(t => t.id !== trashId);
-    this._changed.emit();
+    this._lists.dropTrash(trashId);
     await this.refreshLists();
-  }
-
-  /** Resume a suspended kernel (the server picks a GPU unless `gpu` is given). */
-  async resume(kernelId: string, gpu?: string | number): Promise<IKernelState> {
-    this._store.begin(kernelId, 'resume', 'restoring');
-    try {
-      const state = await this.client.resume(kernelId, gpu);
-      this._store.end(kernelId);
-      return this._store.applyReply(kernelId, state);
-    } catch (error) {
-      this._store.end(kernelId);
-      await this._afterFailure(kernelId, 'suspended', error as Error);
-      throw error;
-    } finally {
-      this._afterOperation();
-    }
   }
 
   /** Delete a checkpoint and refresh the lists. */
   async deleteCheckpoint(checkpointId: string): Promise<void> {
     await this.client.deleteCheckpoint(checkpointId);
-    this._checkpoints = this._checkpoints.filter(c => c.id !== checkpointId);
-    this._changed.emit();
+    this._lists.dropCheckpoint(checkpointId);
     await this.refreshLists();
   }
 
   /**
-   * The transparent path: the user ran a cell in (or reconnected to) a
-   * suspended kernel, so the server is restoring it. Show "restoring" right
-   * away, poll fast, and do not let a poll that raced the server undo it.
-   */
-  markRestoring(kernelId: string): void {
-    this._store.markRestoring(kernelId);
-  }
-
-  /**
-   * Apply an event of the server's event bus. Other schemas are ignored.
-   * Returns whether the event was for gpucr.
+   * Apply an event of the server's event bus: the kernel's whole state, no
+   * request needed. Other schemas are ignored. Returns whether the event
+   * was for gpucr.
    */
   applyEvent(event: { schema_id?: string; [key: string]: any }): boolean {
     if (event.schema_id !== KERNEL_STATE_SCHEMA) {
@@ -403,11 +307,8 @@ export class GpucrModel implements IDisposable {
     this._available = true;
     this._store.applyEvent(data);
     if (!isTransient(data.state)) {
-      // The event carries no size/GPU: fetch the full state.
-      void this.refreshKernel(data.kernel_id);
-      if (this._listsActive) {
-        void this.refreshLists();
-      }
+      // An operation ended: its checkpoint, trash item or GPU memory changed.
+      this._afterOperation();
     }
     return true;
   }
@@ -417,65 +318,60 @@ export class GpucrModel implements IDisposable {
       return;
     }
     this._isDisposed = true;
-    clearInterval(this._clock);
-    this._poll.dispose();
+    this._poller.dispose();
     this._store.dispose();
+    this._lists.dispose();
     Signal.clearData(this);
   }
 
-  /** A failed operation: the state the server has now, with the failure's message. */
-  private async _afterFailure(
+  /**
+   * A suspend or resume of this browser: its reply is the final state; a
+   * failure's message goes into the state the server says after it. A
+   * refusal because a cell runs (`isBusy`) changes nothing.
+   */
+  private async _operation(
     kernelId: string,
-    fallback: 'running' | 'suspended',
-    error: Error
-  ): Promise<void> {
-    let fetched: IKernelState | undefined;
+    operation: 'suspend' | 'resume',
+    request: () => Promise<IKernelState>
+  ): Promise<IKernelState> {
+    this._store.begin(kernelId, operation);
     try {
-      fetched = await this.client.getKernel(kernelId);
-    } catch {
-      fetched = undefined;
+      const state = await request();
+      this._store.end(kernelId);
+      return this._store.applyReply(kernelId, state);
+    } catch (error) {
+      this._store.end(kernelId);
+      if (!(error instanceof GpucrRequestError && error.isBusy)) {
+        this._store.applyFailure(
+          kernelId,
+          (error as Error).message || String(error),
+          error instanceof GpucrRequestError ? error.reason : null
+        );
+      }
+      throw error;
+    } finally {
+      this._afterOperation();
     }
-    const hint = error instanceof GpucrRequestError ? error.reason : null;
-    this._store.applyFailure(
-      kernelId,
-      fetched,
-      fallback,
-      error.message || String(error),
-      hint
-    );
   }
 
+  /** The lists the side panel shows may have changed: fetch them while it shows them. */
   private _afterOperation(): void {
     if (this._listsActive) {
-      void this.refreshLists();
+      void this._lists.refresh();
+    }
+  }
+
+  private _setKernelsError(error: string | null): void {
+    if (error !== this._kernelsError) {
+      this._kernelsError = error;
+      this._changed.emit();
     }
   }
 
   private _onKernelChanged(_: KernelStore, change: IKernelTransition): void {
     this._kernelChanged.emit(change);
     this._changed.emit();
-    this._pace();
-  }
-
-  /**
-   * Poll every second while a kernel is suspending or restoring, else every
-   * `pollInterval`; a faster pace starts now, not after the slower interval.
-   */
-  private _pace(): void {
-    if (this._isDisposed) {
-      return;
-    }
-    const interval = this._store.anyTransient
-      ? FAST_POLL_MS
-      : this._pollInterval;
-    const current = this._poll.frequency.interval;
-    if (interval === current) {
-      return;
-    }
-    this._poll.frequency = { ...this._poll.frequency, interval };
-    if (interval < current) {
-      void this._poll.schedule({ interval, phase: 'refreshed' });
-    }
+    this._poller.pace();
   }
 
   /** One poll: every kernel (and the lists while the side panel shows them). */
@@ -489,25 +385,16 @@ export class GpucrModel implements IDisposable {
     ]);
   }
 
-  private _store = new KernelStore();
+  private readonly _store = new KernelStore();
+  private readonly _lists: ServerLists;
+  private readonly _poller: Poller;
   private _available: boolean | null = null;
-  private _checkpoints: ICheckpoint[] = [];
-  private _trash: ITrashItem[] = [];
-  private _gpus: IGpu[] = [];
-  private _room: IRoomPlace[] = [];
-  private _doctor: IDoctorReport | null = null;
-  private _listError: string | null = null;
-  private _listsLoaded = false;
+  private _kernelsError: string | null = null;
   private _listsActive = false;
   private _watched = new Set<string>();
-  private _pollInterval: number;
-  private _poll: Poll;
   private _isDisposed = false;
-  private _kernelChanged = new Signal<this, IKernelTransition>(this);
-  private _changed = new Signal<this, void>(this);
-  private _now = new Date();
-  private _clock: ReturnType<typeof setInterval>;
-  private _ticked = new Signal<this, void>(this);
+  private readonly _kernelChanged = new Signal<this, IKernelTransition>(this);
+  private readonly _changed = new Signal<this, void>(this);
 }
 
 export namespace GpucrModel {

@@ -9,7 +9,6 @@ import {
   refreshIcon,
   ToolbarButtonComponent
 } from '@jupyterlab/ui-components';
-import { ServerConnection } from '@jupyterlab/services';
 import { CommandRegistry } from '@lumino/commands';
 import { Message } from '@lumino/messaging';
 import * as React from 'react';
@@ -58,8 +57,6 @@ export class GpucrPanel extends ReactWidget {
     this._model = options.model;
     this._commands = options.commands;
     this._pathForKernel = options.pathForKernel;
-    this._serverSettings =
-      options.serverSettings ?? ServerConnection.makeSettings();
     this.id = 'jp-gpucr-panel';
     this.title.icon = gpuIcon;
     this.title.caption = 'Suspended kernels';
@@ -137,7 +134,7 @@ export class GpucrPanel extends ReactWidget {
             .filter(k => k.state === 'running' || k.state === 'suspended')
             .map(k => k.kernel_id)}
           commands={this._commands}
-          serverSettings={this._serverSettings}
+          client={model.client}
           label={kernelId => this._name(kernelId)}
         />
         {groups.checkpoints.length > 0 && (
@@ -475,7 +472,6 @@ export class GpucrPanel extends ReactWidget {
   private _model: GpucrModel;
   private _commands: CommandRegistry;
   private _pathForKernel: (kernelId: string) => string | null;
-  private _serverSettings: ServerConnection.ISettings;
 }
 
 export namespace GpucrPanel {
@@ -484,8 +480,6 @@ export namespace GpucrPanel {
     commands: CommandRegistry;
     /** The notebook path of a kernel, now. */
     pathForKernel: (kernelId: string) => string | null;
-    /** The server's connection settings (its save points are asked for there). */
-    serverSettings?: ServerConnection.ISettings;
   }
 }
 

@@ -48,13 +48,10 @@ export class RestoreAhead {
       return;
     }
     this._asked.add(suspension);
-    this._model.client
-      .resumeAhead(kernelId)
-      .then(() => this._model.refreshKernel(kernelId))
-      .catch(reason => {
-        this._asked.delete(suspension); // the next keystroke asks again
-        console.warn('gpucr: restoring ahead failed', reason);
-      });
+    this._model.resumeAhead(kernelId).catch(reason => {
+      this._asked.delete(suspension); // the next keystroke asks again
+      console.warn('gpucr: restoring ahead failed', reason);
+    });
   }
 
   private _cell: Cell | null = null;

@@ -8,17 +8,17 @@
  */
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
-import { ServerConnection } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
 import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
-import { GpucrRequestError, requestAPI } from './api';
+import { GpucrClient, GpucrRequestError } from './api';
 import { formatBytes, formatDate } from './format';
 import { fitToast, plainError } from './messages';
 import { GpucrModel } from './model';
 import { canResume, canSuspend } from './state';
+import type { ISavePoint } from './types';
 
 export const SavePointCommandIDs = {
   save: 'gpucr:save-point',
@@ -32,53 +32,6 @@ export const savePointIcon = new LabIcon({
     '<g class="jp-icon3" fill="none" stroke="#616161" stroke-width="2" stroke-linecap="round">' +
     '<path d="M6 3h12v18l-6-4-6 4z"/></g></svg>'
 });
-
-/** A save point as `GET /api/gpucr/kernels/{id}/savepoints` lists it. */
-export interface ISavePoint {
-  id: string;
-  kernel_id: string;
-  name: string | null;
-  created: number;
-  size: number;
-  cell?: { execution_count: number; code: string } | null;
-  kernel_state?: string | null;
-  paused_s?: number | null;
-}
-
-function path(kernelId: string, rest = ''): string {
-  return `kernels/${encodeURIComponent(kernelId)}/savepoints${rest}`;
-}
-
-export function listSavePoints(
-  kernelId: string,
-  settings: ServerConnection.ISettings
-): Promise<ISavePoint[]> {
-  return requestAPI<ISavePoint[]>(path(kernelId), {}, settings);
-}
-
-export function takeSavePoint(
-  kernelId: string,
-  name: string | null,
-  settings: ServerConnection.ISettings
-): Promise<ISavePoint> {
-  return requestAPI<ISavePoint>(
-    path(kernelId),
-    { method: 'POST', body: JSON.stringify(name ? { name } : {}) },
-    settings
-  );
-}
-
-export function goBack(
-  kernelId: string,
-  savePointId: string,
-  settings: ServerConnection.ISettings
-): Promise<{ trash_id: string }> {
-  return requestAPI<{ trash_id: string }>(
-    path(kernelId, `/${encodeURIComponent(savePointId)}/restore`),
-    { method: 'POST', body: '{}' },
-    settings
-  );
-}
 
 /** How a save point is shown: its name, else the cell that ran last, else its time. */
 export function savePointTitle(sp: ISavePoint): string {
@@ -96,7 +49,6 @@ export interface ISavePointContext {
   commands: CommandRegistry;
   model: GpucrModel;
   tracker: INotebookTracker;
-  serverSettings: ServerConnection.ISettings;
   label: (kernelId: string) => string;
 }
 
@@ -142,10 +94,9 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
         }
       );
       try {
-        const sp = await takeSavePoint(
+        const sp = await model.client.takeSavePoint(
           kernelId,
-          (args.name as string) || null,
-          ctx.serverSettings
+          (args.name as string) || null
         );
         const paused =
           typeof sp.paused_s === 'number'
@@ -184,7 +135,7 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
       let savePointId = args.savePointId as string | undefined;
       let title = args.title as string | undefined;
       if (!savePointId) {
-        const listed = await listSavePoints(kernelId, ctx.serverSettings);
+        const listed = await model.client.listSavePoints(kernelId);
         const newest = listed[listed.length - 1];
         if (!newest) {
           Notification.info(`${name} has no save point yet.`, {
@@ -216,7 +167,7 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
         }
       );
       try {
-        await goBack(kernelId, savePointId, ctx.serverSettings);
+        await model.client.goBackToSavePoint(kernelId, savePointId);
         Notification.update({
           id: pending,
           message: `${name} is back at “${title}”. The state it left is in the trash.`,
@@ -248,10 +199,10 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
 export function SavePointsSection(props: {
   kernelIds: string[];
   commands: CommandRegistry;
-  serverSettings: ServerConnection.ISettings;
+  client: GpucrClient;
   label: (kernelId: string) => string;
 }): JSX.Element {
-  const { kernelIds, commands, serverSettings, label } = props;
+  const { kernelIds, commands, client, label } = props;
   const [found, setFound] = React.useState<Record<string, ISavePoint[]>>({});
   const [tick, setTick] = React.useState(0);
   const key = kernelIds.join(',');
@@ -266,7 +217,7 @@ export function SavePointsSection(props: {
     let live = true;
     void Promise.all(
       kernelIds.map(k =>
-        listSavePoints(k, serverSettings).then(
+        client.listSavePoints(k).then(
           sps => [k, sps] as const,
           () => [k, [] as ISavePoint[]] as const
         )

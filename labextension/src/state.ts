@@ -1,6 +1,6 @@
 /**
- * Kernel state logic, apart from any widget and any words: how an event
- * updates a state, what can be done in a state, which transition happened
+ * Kernel state logic, apart from any widget and any words: the state an
+ * event says, what can be done in a state, which transition happened
  * (messages.ts says it in words), and how the side panel groups kernels and
  * checkpoints.
  *
@@ -14,33 +14,37 @@ import type {
   KernelStateName
 } from './types';
 
-/** A kernel state with nothing known yet but its id and state. */
-export function emptyState(
-  kernelId: string,
-  state: KernelStateName = 'running'
-): IKernelState {
+/**
+ * A kernel state with every property filled in (null, empty), so that states
+ * from replies, events and polls compare reliably.
+ */
+export function fullState(kernelId: string, state: IKernelState): IKernelState {
   return {
-    kernel_id: kernelId,
-    state,
-    kind: 'cpu',
-    engine: null,
-    engine_reason: null,
-    checkpoint: null,
-    gpu: null,
-    progress: null,
-    notebook_path: null,
-    suspended_at: null,
-    pending_since: null,
-    restored_at: null,
-    suspended_for: null,
-    lost: [],
-    warnings: [],
-    error: null,
-    hint: null,
-    summary: null,
-    retryable: null,
-    trim: null,
-    timings: null
+    kernel_id: state.kernel_id ?? kernelId,
+    state: state.state,
+    kind: state.kind ?? 'cpu',
+    engine: state.engine ?? null,
+    engine_reason: state.engine_reason ?? null,
+    checkpoint: state.checkpoint ?? null,
+    gpu: state.gpu ?? null,
+    progress: state.progress ?? null,
+    notebook_path: state.notebook_path ?? null,
+    label: state.label ?? null,
+    suspended_at: state.suspended_at ?? null,
+    pending_since: state.pending_since ?? null,
+    restored_at: state.restored_at ?? null,
+    suspended_for: state.suspended_for ?? null,
+    lost: state.lost ?? [],
+    warnings: state.warnings ?? [],
+    error: state.error || null,
+    hint: state.hint || null,
+    summary: state.summary || null,
+    retryable: state.retryable ?? null,
+    room: state.room ?? null,
+    made_room_for: state.made_room_for ?? null,
+    ahead: state.ahead ?? false,
+    trim: state.trim ?? null,
+    timings: state.timings ?? null
   };
 }
 
@@ -79,94 +83,27 @@ export function isOnDisk(state: IKernelState | null | undefined): boolean {
 }
 
 /**
- * Apply a kernel-state event to the last known state of that kernel.
- *
- * Progress is taken from the event while an operation runs and dropped when
- * it ends; the restore fields and the notebook path are taken when the event
- * has them; everything else (GPU, checkpoint) is kept until the next poll
- * brings the full state.
+ * The state an event says: the kernel's whole state as the server last set
+ * it. What the server fills in only as `GET` answers, and the event therefore
+ * may lack, is kept from the last known state: the notebook path (renames
+ * followed), and the engine a suspend of a running kernel would use.
  */
-export function mergeEvent(
+export function stateFromEvent(
   previous: IKernelState | undefined,
   event: IKernelStateEvent
 ): IKernelState {
-  const base: IKernelState =
-    previous ?? emptyState(event.kernel_id, event.state);
-  const transient = isTransient(event.state);
-  const hasProgress =
-    typeof event.bytes_done === 'number' ||
-    typeof event.bytes_total === 'number' ||
-    (transient && !!event.phase);
-  const next: IKernelState = {
-    ...base,
-    state: event.state,
-    progress:
-      transient && hasProgress
-        ? {
-            phase: event.phase ?? base.progress?.phase ?? null,
-            bytes_done: event.bytes_done ?? null,
-            bytes_total: event.bytes_total ?? base.progress?.bytes_total ?? null
-          }
-        : transient
-          ? base.progress
-          : null
-  };
-  if (event.notebook_path) {
-    next.notebook_path = event.notebook_path;
+  const next = fullState(event.kernel_id, event);
+  if (!next.notebook_path && previous?.notebook_path) {
+    next.notebook_path = previous.notebook_path;
   }
-  if (event.restored_at !== undefined) {
-    next.restored_at = event.restored_at;
-  }
-  if (event.suspended_for !== undefined) {
-    next.suspended_for = event.suspended_for;
-  }
-  if (event.lost !== undefined) {
-    next.lost = event.lost;
-  }
-  if (event.room !== undefined) {
-    next.room = event.room;
-  }
-  if (event.ahead !== undefined) {
-    next.ahead = event.ahead;
-  }
-  if (event.made_room_for !== undefined) {
-    next.made_room_for = event.made_room_for;
-  }
-  if (event.error) {
-    next.error = event.error;
-    next.hint =
-      event.hint ?? (event.error !== base.error ? null : (base.hint ?? null));
-    const same = event.error === base.error;
-    next.summary =
-      event.summary !== undefined
-        ? event.summary || null
-        : same
-          ? (base.summary ?? null)
-          : null;
-    next.retryable =
-      event.retryable !== undefined
-        ? event.retryable
-        : same
-          ? (base.retryable ?? null)
-          : null;
-  } else if (
-    event.error !== undefined ||
-    (transient && base.state !== event.state)
+  if (
+    next.state === 'running' &&
+    next.engine === null &&
+    next.engine_reason === null &&
+    previous
   ) {
-    // The server sends "" or null for "no error"; a new operation also
-    // clears the error of the last one.
-    next.error = null;
-    next.hint = null;
-    next.summary = null;
-    next.retryable = null;
-  }
-  if (event.state === 'running') {
-    next.suspended_at = null;
-    next.pending_since = null;
-  }
-  if (event.state === 'suspended') {
-    next.gpu = null;
-    next.pending_since = null;
+    next.engine = previous.engine ?? null;
+    next.engine_reason = previous.engine_reason ?? null;
   }
   return next;
 }

@@ -1,17 +1,14 @@
 /**
  * The kernel states the views show, and the rules that decide which answer
- * wins when a kernel's state reaches the browser three ways: the reply to a
- * POST this browser sent, an event of the server's event bus, and a poll.
+ * wins when a kernel's state reaches the browser three ways: an event of the
+ * server's event bus, the reply to a POST this browser sent (both the whole
+ * state, applied as they come), and a poll (the fallback).
  *
- * - A poll asked before the kernel's last event is older than that event,
+ * - A poll asked before the kernel's last event or reply is older than it,
  *   however late it is answered: dropped (`PollOrder`).
- * - While this browser's suspend or resume is in flight, its POST reply
- *   decides the final state: a poll saying anything but `suspending` or
- *   `restoring` is dropped (it raced the POST); events are applied.
- * - The POST reply is applied when it comes, whatever came before it.
- * - A local `restoring` guess (a cell run in a suspended kernel) survives
- *   polls that still say `suspended` for `RESTORE_GRACE_MS`; an event, a
- *   poll saying anything else, or the end of the grace ends it.
+ * - Nothing is guessed: every state shown is one the server said. A failed
+ *   operation's message goes into the first state the server says once the
+ *   operation is over, unless that state has an error of its own.
  *
  * Synchronous and without I/O: `GpucrModel` sends the requests and hands the
  * answers here. Unit-tested in src/__tests__/store.test.ts.
@@ -19,11 +16,8 @@
 import type { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { emptyState, isTransient, mergeEvent, stateChanged } from './state';
-import type { IKernelState, IKernelStateEvent, KernelStateName } from './types';
-
-/** How long a local `restoring` guess survives polls that still say `suspended`. */
-export const RESTORE_GRACE_MS = 15000;
+import { fullState, isTransient, stateChanged, stateFromEvent } from './state';
+import type { IKernelState, IKernelStateEvent } from './types';
 
 /** An operation this browser runs on a kernel. */
 export type Operation = 'suspend' | 'resume';
@@ -42,9 +36,6 @@ export interface IKernelTransition {
 }
 
 export class KernelStore implements IDisposable {
-  /** `clock` gives the time in milliseconds (`Date.now`). */
-  constructor(private readonly _clock: () => number = Date.now) {}
-
   /** Emitted when one kernel's state changes, from any source. */
   get changed(): ISignal<this, IKernelTransition> {
     return this._changed;
@@ -74,78 +65,46 @@ export class KernelStore implements IDisposable {
   }
 
   /**
-   * This browser starts an operation: `shown` (`suspending`, `restoring`)
-   * is shown at once unless null. Returns the state before.
+   * This browser starts an operation (its buttons are disabled until `end`);
+   * the server's events say what it does.
    *
    * @throws Error while another operation on the kernel is in flight
    */
-  begin(
-    kernelId: string,
-    operation: Operation,
-    shown: KernelStateName | null
-  ): IKernelState | undefined {
+  begin(kernelId: string, operation: Operation): void {
     if (this._inflight.has(kernelId)) {
       throw new Error('An operation on this kernel is already in progress.');
     }
     this._inflight.set(kernelId, operation);
-    const previous = this._kernels.get(kernelId);
-    if (shown) {
-      this._set(kernelId, {
-        ...(previous ?? emptyState(kernelId)),
-        state: shown,
-        progress: null,
-        error: null
-      });
-    }
-    return previous;
   }
 
-  /** The operation's POST was answered or failed: polls count again. */
+  /** The operation's POST was answered or failed. */
   end(kernelId: string): void {
     this._inflight.delete(kernelId);
   }
 
-  /** The reply to a POST of this browser: the server's state, applied as it is. */
+  /**
+   * The reply to a POST of this browser that answers once the operation is
+   * over: the server's state, applied as it is; polls asked before it are
+   * older.
+   */
   applyReply(kernelId: string, state: IKernelState): IKernelState {
-    this._set(kernelId, normalize(kernelId, state));
+    this._order.told(kernelId);
+    this._set(kernelId, fullState(kernelId, state));
     return this._kernels.get(kernelId)!;
   }
 
-  /** The server refused the operation before starting it: show the state from before. */
-  putBack(kernelId: string, previous: IKernelState | undefined): void {
-    if (previous) {
-      this._set(kernelId, previous);
-    }
-  }
-
   /**
-   * The operation failed. `fetched`: the state the server has now, if it
-   * could be asked, else the last known one in `fallback` (the state the
-   * kernel stays in). Unless the state carries an error of its own (or a new
-   * operation runs), the failure's message and hint go into it.
+   * The operation failed with `message` (and the server's `hint`). The
+   * server says what became of the kernel (its failure event, a poll); the
+   * first state it says once the operation is over (not suspending or
+   * restoring) gets the message, unless it has an error of its own.
    */
-  applyFailure(
-    kernelId: string,
-    fetched: IKernelState | undefined,
-    fallback: 'running' | 'suspended',
-    message: string,
-    hint: string | null
-  ): void {
-    const previous = this._kernels.get(kernelId);
-    const base = fetched
-      ? normalize(kernelId, fetched)
-      : {
-          ...(previous ?? emptyState(kernelId)),
-          state: fallback,
-          progress: null
-        };
-    if (!base.error && !isTransient(base.state)) {
-      base.error = message;
-      if (hint && !base.hint) {
-        base.hint = hint;
-      }
+  applyFailure(kernelId: string, message: string, hint: string | null): void {
+    this._failures.set(kernelId, { message, hint });
+    const current = this._kernels.get(kernelId);
+    if (current) {
+      this._set(kernelId, current);
     }
-    this._set(kernelId, base);
   }
 
   /** A poll is about to be sent: give the number to `applyPolled` with its answer. */
@@ -153,27 +112,14 @@ export class KernelStore implements IDisposable {
     return this._order.ask();
   }
 
-  /** A poll's answer for one kernel, asked as `asked`. */
+  /**
+   * A poll's answer for one kernel, asked as `asked` (also the reply of a
+   * POST answered before its operation is over: a restore ahead).
+   */
   applyPolled(kernelId: string, state: IKernelState, asked: number): void {
-    if (this._order.isStale(kernelId, asked)) {
-      return;
+    if (!this._order.isStale(kernelId, asked)) {
+      this._set(kernelId, fullState(kernelId, state));
     }
-    const normalized = normalize(kernelId, state);
-    if (this._inflight.has(kernelId) && !isTransient(normalized.state)) {
-      return;
-    }
-    const guess = this._restoreGuess.get(kernelId);
-    if (guess !== undefined) {
-      if (
-        normalized.state === 'suspended' &&
-        !normalized.error &&
-        this._clock() < guess
-      ) {
-        return;
-      }
-      this._restoreGuess.delete(kernelId);
-    }
-    this._set(kernelId, normalized);
   }
 
   /** A poll found no such kernel (404). */
@@ -183,10 +129,7 @@ export class KernelStore implements IDisposable {
     }
   }
 
-  /**
-   * A poll's answer for every kernel: a known kernel it lacks is gone,
-   * unless an operation of this browser runs on it.
-   */
+  /** A poll's answer for every kernel: a known kernel it lacks is gone. */
   applyList(states: ReadonlyArray<IKernelState>, asked: number): void {
     const seen = new Set<string>();
     for (const state of states) {
@@ -194,23 +137,18 @@ export class KernelStore implements IDisposable {
       this.applyPolled(state.kernel_id, state, asked);
     }
     for (const kernelId of [...this._kernels.keys()]) {
-      if (
-        !seen.has(kernelId) &&
-        !this._inflight.has(kernelId) &&
-        !this._order.isStale(kernelId, asked)
-      ) {
+      if (!seen.has(kernelId) && !this._order.isStale(kernelId, asked)) {
         this._set(kernelId, undefined);
       }
     }
   }
 
-  /** An event of the server's event bus, merged into the last known state. */
+  /** An event of the server's event bus: the kernel's whole state, applied as it comes. */
   applyEvent(event: IKernelStateEvent): void {
-    this._order.event(event.kernel_id);
-    this._restoreGuess.delete(event.kernel_id);
+    this._order.told(event.kernel_id);
     this._set(
       event.kernel_id,
-      mergeEvent(this._kernels.get(event.kernel_id), event)
+      stateFromEvent(this._kernels.get(event.kernel_id), event)
     );
   }
 
@@ -233,25 +171,6 @@ export class KernelStore implements IDisposable {
     }
   }
 
-  /**
-   * The transparent path: the user ran a cell in (or reconnected to) a
-   * suspended kernel, so the server is restoring it. Show `restoring` now
-   * and keep it against polls that raced the server.
-   */
-  markRestoring(kernelId: string): void {
-    const current = this._kernels.get(kernelId);
-    if (!current || current.state !== 'suspended') {
-      return;
-    }
-    this._restoreGuess.set(kernelId, this._clock() + RESTORE_GRACE_MS);
-    this._set(kernelId, {
-      ...current,
-      state: 'restoring',
-      progress: null,
-      error: null
-    });
-  }
-
   dispose(): void {
     if (this._isDisposed) {
       return;
@@ -262,6 +181,7 @@ export class KernelStore implements IDisposable {
 
   private _set(kernelId: string, next: IKernelState | undefined): void {
     const previous = this._kernels.get(kernelId);
+    next = this._withFailure(kernelId, next);
     let fromTrash = false;
     if (this._fromTrash.has(kernelId)) {
       next = this._trashAge(kernelId, next);
@@ -284,6 +204,29 @@ export class KernelStore implements IDisposable {
       current: next,
       ...(fromTrash ? { fromTrash: true } : {})
     });
+  }
+
+  /**
+   * The first state once a failed operation is over carries its message,
+   * unless the server put an error of its own into it.
+   */
+  private _withFailure(
+    kernelId: string,
+    next: IKernelState | undefined
+  ): IKernelState | undefined {
+    const failure = this._failures.get(kernelId);
+    if (!failure || (next && isTransient(next.state))) {
+      return next;
+    }
+    this._failures.delete(kernelId);
+    if (!next || next.error) {
+      return next;
+    }
+    return {
+      ...next,
+      error: failure.message,
+      hint: next.hint || failure.hint || null
+    };
   }
 
   /**
@@ -319,7 +262,11 @@ export class KernelStore implements IDisposable {
 
   private _kernels = new Map<string, IKernelState>();
   private _inflight = new Map<string, Operation>();
-  private _restoreGuess = new Map<string, number>();
+  /** Failed operations whose message waits for the state after them. */
+  private _failures = new Map<
+    string,
+    { message: string; hint: string | null }
+  >();
   /** Kernels coming back from the trash: their checkpoint id once known. */
   private _fromTrash = new Map<string, string | null | undefined>();
   private _order = new PollOrder();
@@ -328,10 +275,11 @@ export class KernelStore implements IDisposable {
 }
 
 /**
- * Orders polls and events. A poll answered after an event may have been
- * asked before it, and would then put back an older state (a status bar
- * going restoring → suspended → restoring). A logical clock: each poll takes
- * a number when it is asked, each event one when it is applied.
+ * Orders polls against events and replies. A poll answered after an event
+ * may have been asked before it, and would then put back an older state (a
+ * status bar going restoring → suspended → restoring). A logical clock: each
+ * poll takes a number when it is asked, each event or reply one when it is
+ * applied.
  */
 export class PollOrder {
   /** A poll is about to be asked; give the number to `isStale` with its answer. */
@@ -339,46 +287,16 @@ export class PollOrder {
     return ++this._clock;
   }
 
-  /** An event for the kernel was applied. */
-  event(kernelId: string): void {
-    this._events.set(kernelId, ++this._clock);
+  /** The server told the kernel's state as it is now (an event, a POST reply). */
+  told(kernelId: string): void {
+    this._told.set(kernelId, ++this._clock);
   }
 
-  /** Whether the answer of the poll asked as `asked` predates the kernel's last event. */
+  /** Whether the answer of the poll asked as `asked` predates what the server last told of the kernel. */
   isStale(kernelId: string, asked: number): boolean {
-    return (this._events.get(kernelId) ?? 0) > asked;
+    return (this._told.get(kernelId) ?? 0) > asked;
   }
 
   private _clock = 0;
-  private _events = new Map<string, number>();
-}
-
-/** Fill in the optional fields so that states compare reliably. */
-function normalize(kernelId: string, state: IKernelState): IKernelState {
-  return {
-    kernel_id: state.kernel_id ?? kernelId,
-    state: state.state,
-    kind: state.kind ?? 'cpu',
-    engine: state.engine ?? null,
-    engine_reason: state.engine_reason ?? null,
-    checkpoint: state.checkpoint ?? null,
-    gpu: state.gpu ?? null,
-    progress: state.progress ?? null,
-    notebook_path: state.notebook_path ?? null,
-    suspended_at: state.suspended_at ?? null,
-    pending_since: state.pending_since ?? null,
-    restored_at: state.restored_at ?? null,
-    suspended_for: state.suspended_for ?? null,
-    lost: state.lost ?? [],
-    warnings: state.warnings ?? [],
-    error: state.error || null,
-    hint: state.hint || null,
-    summary: state.summary || null,
-    retryable: state.retryable ?? null,
-    room: state.room ?? null,
-    made_room_for: state.made_room_for ?? null,
-    ahead: state.ahead ?? false,
-    trim: state.trim ?? null,
-    timings: state.timings ?? null
-  };
+  private _told = new Map<string, number>();
 }

@@ -242,6 +242,18 @@ export interface IDoctorReport {
   checks: IDoctorCheck[];
 }
 
+/** A save point as `GET /api/gpucr/kernels/{id}/savepoints` lists it. */
+export interface ISavePoint {
+  id: string;
+  kernel_id: string;
+  name: string | null;
+  created: number;
+  size: number;
+  cell?: { execution_count: number; code: string } | null;
+  kernel_state?: string | null;
+  paused_s?: number | null;
+}
+
 /** The error body of a suspend refused because a cell runs (HTTP 409). */
 export interface IBusyRefusal {
   error: 'KernelBusyError';
@@ -254,22 +266,14 @@ export interface IBusyRefusal {
 export const KERNEL_STATE_SCHEMA =
   'https://events.jupyter.org/jupyter_gpucr/kernel-state/v1';
 
-/** The data of a kernel state event (the event schema's properties). */
-export interface IKernelStateEvent {
-  kernel_id: string;
-  state: KernelStateName;
+/**
+ * The data of a kernel state event: the kernel's whole state as the server
+ * last set it (the fields `GET` fills in as it answers, the GPU and notebook
+ * now and a running kernel's engine, as they were last read), and what
+ * happened (`phase`, with the bytes of an operation's progress).
+ */
+export interface IKernelStateEvent extends IKernelState {
   phase: Phase | string;
-  bytes_done?: number | null;
-  bytes_total?: number | null;
-  error?: string | null;
-  hint?: string | null;
-  summary?: string | null;
-  retryable?: boolean | null;
-  notebook_path?: string | null;
-  restored_at?: Timestamp | null;
-  suspended_for?: number | null;
-  lost?: ILostItem[];
-  room?: IRoomWait | null;
-  made_room_for?: string | null;
-  ahead?: boolean;
+  bytes_done: number;
+  bytes_total: number;
 }

@@ -4,6 +4,7 @@ same machine through suspends and restores."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,49 @@ async def test_a_restore_that_waits_for_room_says_where_and_its_victim_says_for_
     lifecycle.transition("k", RESTORING, "restoring")
     lifecycle.transition("k", WAITING, "waiting-for-room", room=room)
     assert lifecycle.transition("k", SUSPENDED, "failed", error="no room", room=None).state == SUSPENDED
+
+
+async def test_an_event_carries_the_whole_state_as_it_was_then(recorded):
+    lifecycle, events = recorded
+    summary = {"id": "k-1", "size": 1 << 20, "created": 2.0, "engine": "criu", "gpu_model": None, "gpus": []}
+    lifecycle.transition("k", SUSPENDING, "trimming", engine="criu", engine_reason="provisioner")
+    lifecycle.progress("k", "dumping", 512, 1024)
+    st = lifecycle.transition("k", SUSPENDED, "done", suspended_at=2.0, checkpoint=summary, kind="cpu",
+                              timings={"total": 0.8})
+    then = st.to_dict()
+    st.checkpoint["size"] = 0  # a later change of the state is not in the event already emitted
+    await settle()
+    every = set(state_schema()["properties"]) | {"phase", "bytes_done", "bytes_total"}
+    assert all(set(e) == every for e in events)
+    assert (events[1]["phase"], events[1]["bytes_done"], events[1]["bytes_total"]) == ("dumping", 512, 1024)
+    assert events[1]["progress"] == {"phase": "dumping", "bytes_done": 512, "bytes_total": 1024}
+    last = events[-1]
+    assert {name: last[name] for name in then} == then
+    assert (last["engine"], last["checkpoint"]["size"], last["timings"]) == ("criu", 1 << 20, {"total": 0.8})
+
+
+async def test_the_event_of_a_large_state_stays_small(recorded):
+    """Progress events go out every half second while a suspend writes: the whole state in each
+    stays under 8 KiB even for a GPU kernel on eight GPUs that lost variables and failed."""
+    lifecycle, events = recorded
+    gpus = [{"index": i, "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000", "name": "NVIDIA H200",
+             "memory_used": 80 << 30} for i in range(8)]
+    summary = {"id": "k-20250101-000000-abcdef", "name": "k", "size": 80 << 30, "created": 2.0, "engine": "snapshot",
+               "reason": "manual", "gpu_model": "NVIDIA H200", "gpus": gpus, "kernel_id": "k",
+               "notebook_path": "projects/some/deep/folder/training-run-with-a-long-name.ipynb",
+               "path": "/home/user/.local/share/gpucr/checkpoints/k-20250101-000000-abcdef"}
+    lost = [{"name": f"variable_{i}", "type": "generator", "reason": "cannot pickle 'generator' object"}
+            for i in range(20)]
+    timings = {f"step_{i}": 1.234567 for i in range(30)}
+    lifecycle.transition("k", SUSPENDING, "trimming", engine="snapshot", engine_reason="x" * 200,
+                         gpu=gpus[0], kind="gpu", trim={"live": 1 << 30, "reserved": 2 << 30})
+    lifecycle.transition("k", SUSPENDED, "done", checkpoint=summary, suspended_at=2.0, timings=timings,
+                         lost=lost, warnings=["w" * 200] * 3)
+    lifecycle.transition("k", RESTORING, "restoring")
+    lifecycle.transition("k", SUSPENDED, "failed", error="e" * 500, hint="h" * 300, summary="s" * 100,
+                         retryable=True)
+    await settle()
+    assert max(len(json.dumps(e)) for e in events) < 8 * 1024  # 6.1 KB when written
 
 
 def test_unknown_fields_are_a_programming_error(recorded):

@@ -20,10 +20,13 @@ TYPES_TS = REPO / "labextension" / "src" / "types.ts"
 
 
 def interface_properties(source: str, name: str) -> set[str]:
-    """The top-level property names of ``export interface NAME { ... }`` in TypeScript source."""
-    match = re.search(rf"export interface {name}\s*(?:extends [^{{]+)?\{{", source)
+    """The top-level property names of ``export interface NAME { ... }`` in TypeScript source,
+    with those of the interfaces it extends."""
+    match = re.search(rf"export interface {name}\s*(?:extends ([^{{]+))?\{{", source)
     if match is None:
         raise AssertionError(f"no 'export interface {name}' in {TYPES_TS}")
+    inherited = {prop for base in (match.group(1) or "").split(",") if base.strip()
+                 for prop in interface_properties(source, base.strip())}
     depth, start, body = 1, match.end(), None
     for i in range(start, len(source)):
         if source[i] == "{":
@@ -45,7 +48,8 @@ def interface_properties(source: str, name: str) -> set[str]:
             depth -= 1
         elif depth == 0:
             flat.append(ch)
-    return set(re.findall(r"(?:^|[;\n])\s*(?:readonly\s+)?([A-Za-z_]\w*)\??\s*:", "".join(flat)))
+    own = set(re.findall(r"(?:^|[;\n])\s*(?:readonly\s+)?([A-Za-z_]\w*)\??\s*:", "".join(flat)))
+    return own | inherited
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +66,12 @@ def test_interface_parser() -> None:
       c: Array<{ inner: number }>;
       readonly d: number;
     }
+    export interface IMore extends IThing {
+      e: string;
+    }
     """
     assert interface_properties(src, "IThing") == {"a", "b", "c", "d"}
+    assert interface_properties(src, "IMore") == {"a", "b", "c", "d", "e"}
 
 
 def test_kernel_state_type_matches_schema(types_source: str) -> None:

@@ -1,5 +1,5 @@
-/** The kernel states the unit tests start from. */
-import type { IKernelState } from '../types';
+/** The kernel states and events the unit tests start from. */
+import type { IKernelState, IKernelStateEvent } from '../types';
 
 export const NOW = new Date('2026-11-30T18:10:00Z');
 
@@ -13,6 +13,19 @@ export function kernel(overrides: Partial<IKernelState> = {}): IKernelState {
     progress: null,
     suspended_at: null,
     error: null,
+    ...overrides
+  };
+}
+
+/** An event of the server: the whole state (`kernel(overrides)`) and what happened. */
+export function event(
+  overrides: Partial<IKernelStateEvent> = {}
+): IKernelStateEvent {
+  return {
+    ...kernel(overrides),
+    phase: 'done',
+    bytes_done: 0,
+    bytes_total: 0,
     ...overrides
   };
 }

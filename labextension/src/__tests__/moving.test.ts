@@ -1,18 +1,17 @@
 /**
  * Waiting for room before a restore and uploading after a suspend are moves
  * in progress, as suspending and restoring are: the view polls every second
- * through them, a poll saying so during this browser's resume is not taken
- * for one that raced it, the room they wait for is shown from polls and
- * events alike, and an uploading kernel is on disk.
+ * through them, the room they wait for is shown from polls and events alike,
+ * and an uploading kernel is on disk.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { shutdownLines } from '../messages';
-import { isTransient, mergeEvent } from '../state';
+import { isTransient, stateFromEvent } from '../state';
 import { KernelStore } from '../store';
 import type { IRoomWait } from '../types';
-import { CHECKPOINT, kernel } from './fixtures';
+import { CHECKPOINT, event, kernel } from './fixtures';
 
 const K = kernel().kernel_id;
 
@@ -62,7 +61,7 @@ describe('waiting for room and uploading', () => {
       kernel({ state: 'suspended', checkpoint: CHECKPOINT }),
       store.ask()
     );
-    store.begin(K, 'resume', 'restoring');
+    store.begin(K, 'resume');
     store.applyPolled(
       K,
       kernel({ state: 'waiting-for-room', room: ROOM }),
@@ -73,45 +72,47 @@ describe('waiting for room and uploading', () => {
   });
 
   it('show the room message of an event', () => {
-    const next = mergeEvent(kernel({ state: 'suspended' }), {
-      kernel_id: K,
-      state: 'waiting-for-room',
-      phase: 'waiting-for-room',
-      room: ROOM
-    });
+    const next = stateFromEvent(
+      kernel({ state: 'suspended' }),
+      event({
+        state: 'waiting-for-room',
+        phase: 'waiting-for-room',
+        room: ROOM
+      })
+    );
     assert.equal(next.room?.message, ROOM.message);
   });
 
   it('say a restore was asked for ahead of use, from its event, until it runs', () => {
-    const restoring = mergeEvent(kernel({ state: 'suspended' }), {
-      kernel_id: K,
-      state: 'restoring',
-      phase: 'restoring',
-      ahead: true
-    });
+    const restoring = stateFromEvent(
+      kernel({ state: 'suspended' }),
+      event({ state: 'restoring', phase: 'restoring', ahead: true })
+    );
     assert.equal(restoring.ahead, true);
-    const running = mergeEvent(restoring, {
-      kernel_id: K,
-      state: 'running',
-      phase: 'done',
-      ahead: false
-    });
+    const running = stateFromEvent(
+      restoring,
+      event({ state: 'running', ahead: false })
+    );
     assert.equal(running.ahead, false);
   });
 
   it("keep an upload's progress from its events", () => {
-    const next = mergeEvent(kernel({ state: 'uploading' }), {
-      kernel_id: K,
-      state: 'uploading',
+    const progress = {
       phase: 'uploading',
       bytes_done: 1024,
       bytes_total: 4096
-    });
-    assert.deepEqual(next.progress, {
-      phase: 'uploading',
-      bytes_done: 1024,
-      bytes_total: 4096
-    });
+    };
+    const next = stateFromEvent(
+      kernel({ state: 'uploading' }),
+      event({
+        state: 'uploading',
+        phase: 'uploading',
+        bytes_done: 1024,
+        bytes_total: 4096,
+        progress
+      })
+    );
+    assert.deepEqual(next.progress, progress);
   });
 
   it('send an uploading kernel to the trash on shutdown, as the server does', () => {

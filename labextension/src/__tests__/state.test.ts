@@ -4,13 +4,14 @@ import { describe, it } from 'node:test';
 import {
   canResume,
   canSuspend,
+  fullState,
   groupForPanel,
   isTransient,
-  mergeEvent,
-  stateChanged
+  stateChanged,
+  stateFromEvent
 } from '../state';
 import type { ICheckpoint } from '../types';
-import { CHECKPOINT, GPU, kernel } from './fixtures';
+import { CHECKPOINT, event, GPU, kernel } from './fixtures';
 
 describe('state predicates', () => {
   it('knows what can be done', () => {
@@ -32,138 +33,100 @@ describe('state predicates', () => {
   });
 });
 
-describe('mergeEvent', () => {
-  it('takes progress from events while suspending', () => {
-    const next = mergeEvent(kernel({ gpu: GPU }), {
-      kernel_id: kernel().kernel_id,
-      state: 'suspending',
-      phase: 'dumping',
-      bytes_done: 10,
-      bytes_total: 100
-    });
-    assert.equal(next.state, 'suspending');
-    assert.deepEqual(next.progress, {
-      phase: 'dumping',
-      bytes_done: 10,
-      bytes_total: 100
-    });
-    assert.deepEqual(next.gpu, GPU);
-  });
-  it('drops progress and GPU when suspended', () => {
-    const next = mergeEvent(
-      kernel({
-        state: 'suspending',
-        gpu: GPU,
-        progress: { phase: 'dumping', bytes_done: 1, bytes_total: 2 }
-      }),
-      { kernel_id: kernel().kernel_id, state: 'suspended', phase: 'done' }
-    );
-    assert.equal(next.state, 'suspended');
-    assert.equal(next.progress, null);
-    assert.equal(next.gpu, null);
-  });
-  it('keeps the error of a failed suspend', () => {
-    const next = mergeEvent(kernel({ state: 'suspending' }), {
-      kernel_id: kernel().kernel_id,
-      state: 'running',
-      phase: 'failed',
-      error: 'criu dump failed'
-    });
-    assert.equal(next.state, 'running');
-    assert.equal(next.error, 'criu dump failed');
-  });
-  it('clears an old error when a new operation starts', () => {
-    const next = mergeEvent(kernel({ error: 'old' }), {
-      kernel_id: kernel().kernel_id,
-      state: 'suspending',
-      phase: 'trimming'
-    });
-    assert.equal(next.error, null);
-  });
-  it('reads an empty error as no error', () => {
-    const next = mergeEvent(kernel({ error: 'old', hint: 'do this' }), {
-      kernel_id: kernel().kernel_id,
+describe('stateFromEvent', () => {
+  it('is the whole state the event carries, as a poll would give it', () => {
+    const suspended = kernel({
       state: 'suspended',
-      phase: 'done',
-      error: ''
+      kind: 'gpu',
+      engine: 'criu',
+      checkpoint: CHECKPOINT,
+      suspended_at: 1796061600,
+      notebook_path: 'train.ipynb',
+      progress: { phase: 'done', bytes_done: 10, bytes_total: 10 }
     });
-    assert.equal(next.error, null);
-    assert.equal(next.hint, null);
-  });
-  it('drops the hint of an older error', () => {
-    const next = mergeEvent(
-      kernel({ state: 'suspending', error: null, hint: 'stale' }),
-      {
-        kernel_id: kernel().kernel_id,
-        state: 'running',
-        phase: 'failed',
-        error: 'new'
-      }
+    const next = stateFromEvent(
+      kernel({ gpu: GPU, notebook_path: 'train.ipynb' }),
+      { ...event(suspended), schema_id: 'x', timestamp: 'y' } as never
     );
-    assert.equal(next.error, 'new');
-    assert.equal(next.hint, null);
+    assert.deepEqual(next, fullState(suspended.kernel_id, suspended));
+    assert.equal(next.gpu, null, 'the GPU is free once suspended');
   });
-  it('creates a state for an unknown kernel', () => {
-    const next = mergeEvent(undefined, {
-      kernel_id: 'k2',
-      state: 'restoring',
-      phase: 'restoring',
-      bytes_done: 0,
-      bytes_total: 50
-    });
+  it('gives a state for a kernel not known before', () => {
+    const next = stateFromEvent(
+      undefined,
+      event({
+        kernel_id: 'k2',
+        state: 'restoring',
+        phase: 'restoring',
+        progress: { phase: 'restoring', bytes_done: 0, bytes_total: 50 }
+      })
+    );
     assert.equal(next.kernel_id, 'k2');
     assert.equal(next.state, 'restoring');
     assert.equal(next.progress?.bytes_total, 50);
   });
-  it('keeps the known total when a later event omits it', () => {
-    const first = mergeEvent(kernel(), {
-      kernel_id: kernel().kernel_id,
-      state: 'suspending',
-      phase: 'dumping',
-      bytes_done: 1,
-      bytes_total: 100
-    });
-    const second = mergeEvent(first, {
-      kernel_id: kernel().kernel_id,
-      state: 'suspending',
-      phase: 'dumping',
-      bytes_done: 50
-    });
-    assert.equal(second.progress?.bytes_total, 100);
-    assert.equal(second.progress?.bytes_done, 50);
-  });
-});
-
-describe('mergeEvent with the restore fields', () => {
-  it('takes the notebook path, restore time, time on disk and losses', () => {
-    const next = mergeEvent(
+  it('takes the restore fields and the GPU of a restored kernel', () => {
+    const next = stateFromEvent(
       kernel({ state: 'restoring', notebook_path: 'old.ipynb' }),
-      {
-        kernel_id: kernel().kernel_id,
-        state: 'running',
-        phase: 'done',
+      event({
         notebook_path: 'renamed.ipynb',
+        gpu: GPU,
+        kind: 'gpu',
         restored_at: 1796061600,
         suspended_for: 180,
-        lost: [{ name: 'gen', type: 'generator' }],
-        error: null,
-        hint: null
-      }
+        lost: [{ name: 'gen', type: 'generator' }]
+      })
     );
     assert.equal(next.notebook_path, 'renamed.ipynb');
+    assert.deepEqual(next.gpu, GPU);
     assert.equal(next.restored_at, 1796061600);
     assert.equal(next.suspended_for, 180);
     assert.deepEqual(next.lost, [{ name: 'gen', type: 'generator' }]);
   });
-  it("keeps the event's hint with its error", () => {
-    const next = mergeEvent(kernel({ state: 'suspending' }), {
-      kernel_id: kernel().kernel_id,
-      state: 'running',
-      phase: 'failed',
-      error: 'boom',
-      hint: 'do this'
-    });
-    assert.equal(next.hint, 'do this');
+  it('keeps the notebook path the event has none of', () => {
+    const next = stateFromEvent(
+      kernel({ notebook_path: 'a.ipynb' }),
+      event({ state: 'suspending', phase: 'trimming' })
+    );
+    assert.equal(next.notebook_path, 'a.ipynb');
+  });
+  it("keeps the engine GET said a running kernel's suspend would use", () => {
+    const before = kernel({ engine: 'criu', engine_reason: 'provisioner' });
+    const pending = stateFromEvent(
+      before,
+      event({ state: 'suspend-pending', phase: 'pending' })
+    );
+    assert.equal(pending.engine, null, 'not running: the event says');
+    const cancelled = stateFromEvent(before, event({ phase: 'cancelled' }));
+    assert.equal(cancelled.engine, 'criu');
+    assert.equal(cancelled.engine_reason, 'provisioner');
+    const failed = stateFromEvent(
+      before,
+      event({ engine: 'snapshot', engine_reason: 'asked', error: 'boom' })
+    );
+    assert.equal(failed.engine, 'snapshot', 'the engine that failed');
+  });
+  it("takes the event's error, hint and summary, and reads an empty error as none", () => {
+    const failed = stateFromEvent(
+      kernel({ state: 'suspending' }),
+      event({
+        phase: 'failed',
+        error: 'criu dump failed',
+        hint: 'do this',
+        summary: 'CRIU failed',
+        retryable: true
+      })
+    );
+    assert.equal(failed.error, 'criu dump failed');
+    assert.equal(failed.hint, 'do this');
+    assert.equal(failed.summary, 'CRIU failed');
+    assert.equal(failed.retryable, true);
+    const next = stateFromEvent(
+      failed,
+      event({ state: 'suspending', phase: 'trimming', error: '', hint: '' })
+    );
+    assert.equal(next.error, null);
+    assert.equal(next.hint, null);
   });
 });
 

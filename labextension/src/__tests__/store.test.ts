@@ -1,37 +1,31 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
-import {
-  IKernelTransition,
-  KernelStore,
-  PollOrder,
-  RESTORE_GRACE_MS
-} from '../store';
+import { IKernelTransition, KernelStore, PollOrder } from '../store';
 import { formatSince } from '../format';
-import { transitionOf } from '../state';
+import { fullState, transitionOf } from '../state';
 import type { IKernelState, IKernelStateEvent } from '../types';
-import { CHECKPOINT, GPU, kernel } from './fixtures';
+import { CHECKPOINT, event as stateEvent, GPU, kernel } from './fixtures';
 
 const K = kernel().kernel_id;
 
-/** A store with a clock the test moves, and the list of changes it emitted. */
+/** A store, and the list of changes it emitted. */
 function makeStore(): {
   store: KernelStore;
   changes: IKernelTransition[];
-  advance: (ms: number) => void;
 } {
-  let now = 1_000_000;
-  const store = new KernelStore(() => now);
+  const store = new KernelStore();
   const changes: IKernelTransition[] = [];
   store.changed.connect((_, change) => changes.push(change));
-  return { store, changes, advance: ms => (now += ms) };
+  return { store, changes };
 }
 
+/** An event saying kernel K is in `state` (the rest of its state in `fields`). */
 function event(
   state: IKernelStateEvent['state'],
   fields: Partial<IKernelStateEvent> = {}
 ): IKernelStateEvent {
-  return { kernel_id: K, state, phase: '', ...fields };
+  return stateEvent({ state, phase: '', ...fields });
 }
 
 /** A store that knows kernel K in `state`, from a poll. */
@@ -96,78 +90,97 @@ describe('KernelStore: a poll against an event', () => {
   });
 });
 
+describe('KernelStore: an event is the whole state', () => {
+  it('gives a kernel no poll has seen its whole state: nothing to fetch', () => {
+    const { store, changes } = makeStore();
+    const suspendedWhole = kernel({
+      state: 'suspended',
+      kind: 'gpu',
+      engine: 'criu',
+      checkpoint: CHECKPOINT,
+      suspended_at: 1796061600,
+      notebook_path: 'train.ipynb'
+    });
+    store.applyEvent(stateEvent(suspendedWhole));
+    assert.deepEqual(store.get(K), fullState(K, suspendedWhole));
+    assert.equal(changes.length, 1);
+    store.applyPolled(K, suspendedWhole, store.ask());
+    assert.equal(changes.length, 1, 'a poll after it says the same');
+  });
+
+  it('tells a finished suspend from its event alone', () => {
+    const { store, changes } = storeWith(kernel({ gpu: GPU }));
+    store.applyEvent(event('suspending', { phase: 'trimming', gpu: GPU }));
+    store.applyEvent(event('suspended', { checkpoint: CHECKPOINT }));
+    const last = changes.at(-1)!;
+    assert.equal(transitionOf(last.previous, last.current!), 'suspended');
+    assert.equal(store.get(K)?.checkpoint?.size, CHECKPOINT.size);
+  });
+
+  it("keeps what only GET fills in: the notebook path, a running kernel's engine", () => {
+    const running = kernel({
+      notebook_path: 'a.ipynb',
+      engine: 'criu',
+      engine_reason: 'x'
+    });
+    const { store, changes } = storeWith(running);
+    store.applyEvent(event('running', { phase: 'cancelled' }));
+    assert.equal(changes.length, 0, 'no change: it says what the poll said');
+    store.applyEvent(event('suspend-pending', { phase: 'pending' }));
+    assert.equal(store.get(K)?.notebook_path, 'a.ipynb');
+    assert.equal(store.get(K)?.engine, null, 'as GET says while pending');
+  });
+});
+
 describe("KernelStore: this browser's operation", () => {
-  it('shows the operation at once, and one operation at a time per kernel', () => {
-    const { store } = storeWith(kernel({ error: 'the last one failed' }));
-    const previous = store.begin(K, 'suspend', 'suspending');
-    assert.equal(previous?.state, 'running');
-    assert.equal(store.get(K)?.state, 'suspending');
-    assert.equal(
-      store.get(K)?.error,
-      null,
-      'a new operation clears the old error'
+  it('shows nothing until the server says it, and one operation at a time per kernel', () => {
+    const { store, changes } = storeWith(
+      kernel({ error: 'the last one failed' })
     );
+    store.begin(K, 'suspend');
+    assert.equal(changes.length, 0);
+    assert.equal(store.get(K)?.state, 'running');
     assert.equal(store.isBusy(K), true);
     assert.throws(
-      () => store.begin(K, 'resume', 'restoring'),
+      () => store.begin(K, 'resume'),
       /An operation on this kernel is already in progress\./
     );
+    store.applyEvent(event('suspending', { phase: 'trimming' }));
+    assert.equal(store.get(K)?.state, 'suspending');
+    assert.equal(store.get(K)?.error, null, 'the server cleared the old error');
     store.end(K);
     assert.equal(store.isBusy(K), false);
   });
 
-  it('shows nothing for a suspend when idle until the server answers', () => {
-    const { store, changes } = storeWith(kernel());
-    store.begin(K, 'suspend', null);
-    assert.equal(store.get(K)?.state, 'running');
-    assert.equal(changes.length, 0);
-    store.end(K);
-    store.applyReply(
-      K,
-      kernel({ state: 'suspend-pending', pending_since: 1796061600 })
-    );
-    assert.equal(store.get(K)?.state, 'suspend-pending');
-  });
-
-  it('drops a poll that raced the POST, but shows its progress', () => {
-    const { store } = storeWith(kernel());
-    store.begin(K, 'suspend', 'suspending');
-    store.applyPolled(K, kernel(), store.ask()); // asked before the server marked it
-    assert.equal(store.get(K)?.state, 'suspending');
-    const progress = { phase: 'writing', bytes_done: 1, bytes_total: 4 };
-    store.applyPolled(
-      K,
-      kernel({ state: 'suspending', progress }),
-      store.ask()
-    );
-    assert.deepEqual(store.get(K)?.progress, progress);
-  });
-
   it('applies events while the POST is in flight', () => {
     const { store } = storeWith(kernel({ gpu: GPU }));
-    store.begin(K, 'suspend', 'suspending');
+    store.begin(K, 'suspend');
     store.applyEvent(
-      event('suspending', { phase: 'writing', bytes_done: 1, bytes_total: 4 })
+      event('suspending', {
+        phase: 'dumping',
+        bytes_done: 1,
+        bytes_total: 4,
+        progress: { phase: 'dumping', bytes_done: 1, bytes_total: 4 }
+      })
     );
     assert.equal(store.get(K)?.progress?.bytes_done, 1);
-    store.applyEvent(event('suspended'));
+    store.applyEvent(event('suspended', { checkpoint: CHECKPOINT }));
     assert.equal(store.get(K)?.state, 'suspended');
   });
 
-  it('applies the POST reply over an event that arrived first', () => {
+  it('applies the POST reply after the events', () => {
     const { store } = storeWith(kernel({ gpu: GPU }));
-    store.begin(K, 'suspend', 'suspending');
-    store.applyEvent(event('suspended')); // no size, no checkpoint yet
-    assert.equal(store.get(K)?.checkpoint, null);
+    store.begin(K, 'suspend');
+    store.applyEvent(event('suspended', { checkpoint: CHECKPOINT }));
     store.end(K);
     const current = store.applyReply(K, suspended);
     assert.equal(current.checkpoint?.id, 'ckpt-1');
-    assert.equal(store.get(K)?.checkpoint?.size, CHECKPOINT.size);
+    assert.equal(store.get(K)?.suspended_at, suspended.suspended_at);
   });
 
   it('applies the POST reply even when an event said otherwise before it', () => {
     const { store } = storeWith(suspended);
-    store.begin(K, 'resume', 'restoring');
+    store.begin(K, 'resume');
     store.applyEvent(event('suspended', { error: 'No GPU free' }));
     store.end(K);
     store.applyReply(K, kernel({ gpu: GPU, restored_at: 1796061700 }));
@@ -175,149 +188,76 @@ describe("KernelStore: this browser's operation", () => {
     assert.equal(store.get(K)?.error, null);
   });
 
-  it('merges an event that comes after the reply into the full state', () => {
+  it('drops a poll asked before the POST reply, not one asked after it', () => {
     const { store } = storeWith(kernel());
-    store.begin(K, 'suspend', 'suspending');
+    store.begin(K, 'suspend');
+    const asked = store.ask(); // GET sent while the suspend runs
     store.end(K);
     store.applyReply(K, suspended);
-    store.applyEvent(event('suspended'));
-    assert.equal(store.get(K)?.checkpoint?.id, 'ckpt-1');
-  });
-
-  it('lets polls count again once the POST is answered', () => {
-    const { store } = storeWith(kernel());
-    store.begin(K, 'suspend', 'suspending');
-    store.end(K);
-    store.applyReply(K, suspended);
+    store.applyPolled(K, kernel({ state: 'suspending' }), asked);
+    store.applyList([], asked);
+    assert.equal(store.get(K)?.state, 'suspended');
     store.applyPolled(K, kernel(), store.ask()); // restored meanwhile by a cell run
     assert.equal(store.get(K)?.state, 'running');
   });
 
-  it('keeps a kernel whose operation is in flight when a list lacks it, not when a 404 says it is gone', () => {
-    const { store } = makeStore();
-    store.begin(K, 'suspend', 'suspending'); // a kernel no poll has seen yet
-    store.applyList([], store.ask());
-    assert.equal(store.get(K)?.state, 'suspending');
-    store.applyGone(K, store.ask());
-    assert.equal(store.get(K), undefined);
-  });
-
-  it('puts the state from before back when the server refused to start', () => {
-    const before = kernel({ gpu: GPU });
-    const { store } = storeWith(before);
-    const previous = store.begin(K, 'suspend', 'suspending');
-    store.end(K);
-    store.putBack(K, previous);
-    assert.deepEqual(store.get(K), previous);
-    assert.equal(store.get(K)?.state, 'running');
-  });
-
-  it("puts a failure's message and hint into the state the server has now", () => {
+  it("puts a failure's message and hint into the state the server says after it", () => {
     const { store } = storeWith(kernel());
-    store.begin(K, 'suspend', 'suspending');
+    store.begin(K, 'suspend');
+    store.applyEvent(event('suspending', { phase: 'trimming' }));
     store.end(K);
-    store.applyFailure(
-      K,
-      kernel({ gpu: GPU }),
-      'running',
-      'CRIU failed',
-      'Try the snapshot engine.'
+    store.applyFailure(K, 'CRIU failed', 'Try the snapshot engine.');
+    assert.equal(
+      store.get(K)?.state,
+      'suspending',
+      'not over until it says so'
     );
+    assert.equal(store.get(K)?.error, null);
+    store.applyPolled(K, kernel({ gpu: GPU }), store.ask());
     assert.equal(store.get(K)?.state, 'running');
     assert.equal(store.get(K)?.gpu?.index, 0);
     assert.equal(store.get(K)?.error, 'CRIU failed');
     assert.equal(store.get(K)?.hint, 'Try the snapshot engine.');
+    store.applyPolled(K, kernel({ gpu: GPU }), store.ask());
+    assert.equal(store.get(K)?.error, null, 'once only');
+  });
+
+  it('puts the message into the state known when the server already said it is over', () => {
+    const { store, changes } = storeWith(suspended);
+    store.begin(K, 'resume');
+    store.end(K);
+    store.applyFailure(K, 'Network error', null);
+    assert.equal(store.get(K)?.state, 'suspended');
+    assert.equal(store.get(K)?.checkpoint?.id, 'ckpt-1');
+    assert.equal(store.get(K)?.error, 'Network error');
+    assert.equal(store.get(K)?.hint, null);
+    const last = changes.at(-1)!;
+    assert.equal(transitionOf(last.previous, last.current!), 'restore-failed');
   });
 
   it("keeps the server's own error and hint over the failure's", () => {
     const { store } = storeWith(suspended);
-    store.begin(K, 'resume', 'restoring');
+    store.begin(K, 'resume');
+    store.applyEvent(event('restoring', { checkpoint: CHECKPOINT }));
     store.end(K);
-    store.applyFailure(
-      K,
-      { ...suspended, error: 'No GPU with 80 GiB free', hint: 'Free a GPU.' },
-      'suspended',
-      'HTTP 500',
-      'Internal error'
+    store.applyFailure(K, 'HTTP 500', 'Internal error');
+    store.applyEvent(
+      event('suspended', {
+        checkpoint: CHECKPOINT,
+        error: 'No GPU with 80 GiB free',
+        hint: 'Free a GPU.'
+      })
     );
     assert.equal(store.get(K)?.error, 'No GPU with 80 GiB free');
     assert.equal(store.get(K)?.hint, 'Free a GPU.');
   });
 
-  it('falls back to the state the kernel stays in when the server cannot be asked', () => {
-    const { store } = storeWith(suspended);
-    store.begin(K, 'resume', 'restoring');
-    store.end(K);
-    store.applyFailure(K, undefined, 'suspended', 'Network error', null);
-    assert.equal(store.get(K)?.state, 'suspended');
-    assert.equal(store.get(K)?.checkpoint?.id, 'ckpt-1');
-    assert.equal(store.get(K)?.error, 'Network error');
-    assert.equal(store.get(K)?.hint, null);
-  });
-
-  it('adds no error to a kernel that started another operation meanwhile', () => {
-    const { store } = storeWith(suspended);
-    store.begin(K, 'resume', 'restoring');
-    store.end(K);
-    store.applyFailure(
-      K,
-      { ...suspended, state: 'restoring' },
-      'suspended',
-      'Timed out',
-      null
-    );
-    assert.equal(store.get(K)?.state, 'restoring');
-    assert.equal(store.get(K)?.error, null);
-  });
-});
-
-describe('KernelStore: a cell run in a suspended kernel', () => {
-  it('shows restoring, and keeps it against polls that still say suspended, for the grace only', () => {
-    const { store, advance } = storeWith(suspended);
-    store.markRestoring(K);
-    assert.equal(store.get(K)?.state, 'restoring');
-    store.applyPolled(K, suspended, store.ask());
-    assert.equal(store.get(K)?.state, 'restoring');
-    advance(RESTORE_GRACE_MS + 1);
-    store.applyPolled(K, suspended, store.ask());
-    assert.equal(store.get(K)?.state, 'suspended');
-  });
-
-  it('applies a poll saying the restore failed at once', () => {
-    const { store } = storeWith(suspended);
-    store.markRestoring(K);
-    store.applyPolled(
-      K,
-      { ...suspended, error: 'Restore failed' },
-      store.ask()
-    );
-    assert.equal(store.get(K)?.state, 'suspended');
-    assert.equal(store.get(K)?.error, 'Restore failed');
-  });
-
-  it('ends the guess with any other poll answer', () => {
-    const { store } = storeWith(suspended);
-    store.markRestoring(K);
+  it('forgets the failure of a kernel that is gone', () => {
+    const { store } = storeWith(kernel({ state: 'suspending' }));
+    store.applyFailure(K, 'Timed out', null);
+    store.applyGone(K, store.ask());
     store.applyPolled(K, kernel(), store.ask());
-    assert.equal(store.get(K)?.state, 'running');
-    store.applyPolled(K, suspended, store.ask()); // suspended again (idle culler)
-    assert.equal(store.get(K)?.state, 'suspended');
-  });
-
-  it('ends the guess with an event: the server speaks for itself', () => {
-    const { store } = storeWith(suspended);
-    store.markRestoring(K);
-    store.applyEvent(event('restoring', { phase: 'reading' }));
-    store.applyPolled(K, suspended, store.ask());
-    assert.equal(store.get(K)?.state, 'suspended');
-  });
-
-  it('guesses only for a suspended kernel', () => {
-    const { store, changes } = storeWith(kernel());
-    store.markRestoring(K);
-    store.markRestoring('unknown');
-    assert.equal(store.get(K)?.state, 'running');
-    assert.equal(changes.length, 0);
+    assert.equal(store.get(K)?.error, null);
   });
 });
 
@@ -344,18 +284,18 @@ describe('PollOrder', () => {
   it('drops a poll asked before an event it is answered after', () => {
     const order = new PollOrder();
     const asked = order.ask(); // GET asked while the kernel is suspended
-    order.event(A); // the server's "restoring" event arrives first
+    order.told(A); // the server's "restoring" event arrives first
     assert.equal(order.isStale(A, asked), true);
   });
 
   it('keeps a poll asked after the event, and polls of other kernels', () => {
     const order = new PollOrder();
-    order.event(A);
+    order.told(A);
     const asked = order.ask();
     assert.equal(order.isStale(A, asked), false);
     const early = new PollOrder();
     const before = early.ask();
-    early.event('kernel-b');
+    early.told('kernel-b');
     assert.equal(early.isStale(A, before), false);
   });
 });
@@ -373,11 +313,11 @@ describe('KernelStore: a kernel brought back from the trash', () => {
       const { store, changes } = makeStore();
       store.expectFromTrash(K);
       if (order === 'event first') {
-        store.applyEvent(event('suspended', { phase: 'done' }));
+        store.applyEvent(stateEvent(back));
         store.applyReply(K, back);
       } else {
         store.applyReply(K, back);
-        store.applyEvent(event('suspended', { phase: 'done' }));
+        store.applyEvent(stateEvent(back));
       }
       store.applyPolled(K, back, store.ask());
       const told = changes.map(c =>
@@ -404,7 +344,7 @@ describe('KernelStore: a kernel brought back from the trash', () => {
     store.expectFromTrash(K);
     store.applyReply(K, back);
     store.applyEvent(
-      event('suspended', { error: 'the saved state is damaged' })
+      stateEvent({ ...back, error: 'the saved state is damaged' })
     );
     assert.equal(
       changes.at(-1)?.fromTrash,
@@ -415,19 +355,16 @@ describe('KernelStore: a kernel brought back from the trash', () => {
       transitionOf(changes.at(-1)?.previous, changes.at(-1)!.current!),
       'restore-failed'
     );
-    store.applyEvent(event('restoring'));
+    store.applyEvent(event('restoring', { checkpoint: TRASHED }));
     store.applyEvent(event('running', { restored_at: 1796062000, error: '' }));
     store.applyPolled(K, kernel(), store.ask());
-    store.applyEvent(event('suspended'));
-    store.applyPolled(
-      K,
-      kernel({
-        state: 'suspended',
-        checkpoint: { ...CHECKPOINT, id: 'ckpt-2' },
-        suspended_at: 1796063000
-      }),
-      store.ask()
-    );
+    const again = kernel({
+      state: 'suspended',
+      checkpoint: { ...CHECKPOINT, id: 'ckpt-2' },
+      suspended_at: 1796063000
+    });
+    store.applyEvent(stateEvent(again));
+    store.applyPolled(K, again, store.ask());
     const last = changes.at(-1)!;
     assert.equal(last.fromTrash, undefined);
     assert.equal(transitionOf(last.previous, last.current!), 'suspended');
@@ -439,7 +376,7 @@ describe('KernelStore: a kernel brought back from the trash', () => {
     store.expectFromTrash(K);
     store.applyPolled(K, kernel(), store.ask());
     store.applyGone(K, store.ask()); // the restarted kernel is shut down
-    store.applyEvent(event('suspended'));
+    store.applyEvent(stateEvent(back));
     store.applyPolled(K, back, store.ask());
     assert.equal(changes.at(-1)?.fromTrash, true);
     assert.equal(store.get(K)?.suspended_at, 1796061000);
