@@ -26,7 +26,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jupyter_gpucr.core import gpus  # noqa: E402
+from jupyter_gpucr.core.gpu import gpus  # noqa: E402
 from tests.agent_servers import Served, kill_leftovers  # noqa: E402
 from tests.kernel_ws import request, send  # noqa: E402
 

@@ -25,7 +25,7 @@ from jupyter_gpucr.core import (
     cuda,
     gpus,  # noqa: E402
 )
-from jupyter_gpucr.core.store import dir_size  # noqa: E402
+from jupyter_gpucr.core.storage.store import dir_size  # noqa: E402
 from tests.conftest import agent_command, ask, wait_for_line  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

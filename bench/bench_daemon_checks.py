@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_gpucr.core.checkpointer import Checkpointer  # noqa: E402
-from jupyter_gpucr.core.store import Store  # noqa: E402
+from jupyter_gpucr.core.storage.store import Store  # noqa: E402
 from tests import hub as H  # noqa: E402
 from tests.conftest import AGENTS, ask, wait_for_line  # noqa: E402
 

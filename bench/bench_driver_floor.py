@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from jupyter_gpucr.core import cuda  # noqa: E402
+from jupyter_gpucr.core.gpu import cuda  # noqa: E402
 
 HOLDER = """
 import sys, time, torch

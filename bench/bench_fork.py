@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_w2 import TOKEN, Server, run_cell  # noqa: E402
 from w2_workload import GPU_CELL, gpu_setup, layers_for  # noqa: E402
 
-from jupyter_gpucr.core import cuda, gpus  # noqa: E402
+from jupyter_gpucr.core.gpu import cuda, gpus  # noqa: E402
 
 CPU_SETUP = """
 import hashlib, numpy as np

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from w2_workload import GPU_CELL, GPU_SETUP  # noqa: E402
 
-from jupyter_gpucr.core import cuda  # noqa: E402
+from jupyter_gpucr.core.gpu import cuda  # noqa: E402
 
 OFFLOAD = "/dev/shm/gpucr-image-parts"
 CHILD = "import json\n" + GPU_SETUP + GPU_CELL + f"""

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_gpucr import Checkpointer  # noqa: E402
-from jupyter_gpucr.core.criu import LAZY_LOG, Criu  # noqa: E402
+from jupyter_gpucr.core.criu.commands import LAZY_LOG, Criu  # noqa: E402
 from tests.conftest import agent_command, ask, wait_for_line  # noqa: E402
 
 

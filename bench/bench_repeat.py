@@ -1,6 +1,6 @@
 """Repeated suspend/restore of one CPU process: does a restored process dump as fast as a fresh
 one? CRIU restores memory in 4 KiB pages; gpucr collapses it into huge pages again after each
-restore (core/hugepages.py). Prints each round's dump time and the process's huge pages, with the
+restore (core/criu/hugepages.py). Prints each round's dump time and the process's huge pages, with the
 collapse and without it (for comparison only: replaced by a no-op), each also with ``--pretouch``
 GB written and freed just before every dump: on a VM whose host takes back the memory the guest
 frees (virtio-balloon free page reporting), a dump into memory the host has taken back pays for
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from jupyter_gpucr import Checkpointer  # noqa: E402
-from jupyter_gpucr.core import hugepages  # noqa: E402
+from jupyter_gpucr.core.criu import hugepages  # noqa: E402
 from jupyter_gpucr.core.hostmemory import free_page_reporting  # noqa: E402
 
 AGENT = Path(__file__).resolve().parents[1] / "tests" / "agents" / "cpu_agent.py"

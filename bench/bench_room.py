@@ -70,8 +70,8 @@ from bench_w2 import TOKEN, Server, kernel_rss  # noqa: E402
 from bench_w2 import run_cell as w2_run_cell  # noqa: E402
 from room_plan import KernelSize, Machine, Plan, store_medium  # noqa: E402
 
-from jupyter_gpucr.core import gpus  # noqa: E402
-from jupyter_gpucr.core.criu import drop_network_locks  # noqa: E402
+from jupyter_gpucr.core.criu.commands import drop_network_locks  # noqa: E402
+from jupyter_gpucr.core.gpu import gpus  # noqa: E402
 from jupyter_gpucr.core.sizes import parse_size  # noqa: E402
 from jupyter_gpucr.server.room import GPU_MARGIN  # noqa: E402
 

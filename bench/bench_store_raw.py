@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import s3_server  # noqa: E402
 
-from jupyter_gpucr.core import objectstore, streamup  # noqa: E402
-from jupyter_gpucr.core.objectstore import ObjectStore  # noqa: E402
-from jupyter_gpucr.core.sealing import StoreKey  # noqa: E402
+from jupyter_gpucr.core.objectstore import bucket, streamup  # noqa: E402
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore  # noqa: E402
+from jupyter_gpucr.core.objectstore.sealing import StoreKey  # noqa: E402
 from tests.s3 import environ  # noqa: E402
 
 PREFIX, USER = "gpucr-raw", "bench"
@@ -230,14 +230,14 @@ def main() -> None:
                     help="plain clients: boto3:CONCURRENCY:PART_MIB, s3fs:BATCH:CONCURRENCY")
     ap.add_argument("--raw-only", action="store_true", help="the plain clients only (to compare the server's flags)")
     ap.add_argument("--sealed", action="store_true", help="gpucr's paths with an encryption key too")
-    ap.add_argument("--streams", type=int, help="gpucr's parts in flight at once (objectstore.STREAMS, streamup.IN_FLIGHT)")
+    ap.add_argument("--streams", type=int, help="gpucr's parts in flight at once (bucket.STREAMS, streamup.IN_FLIGHT)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     if any(r.startswith("boto3:") for r in args.raw) and importlib.util.find_spec("boto3") is None:
         print("boto3 is not installed (scripts/s3-carry.sh carries it): its rows are left out", flush=True)
         args.raw = [r for r in args.raw if not r.startswith("boto3:")]
     if args.streams:  # read when an upload or download starts
-        objectstore.STREAMS = streamup.STREAMS = streamup.IN_FLIGHT = args.streams
+        bucket.STREAMS = streamup.STREAMS = streamup.IN_FLIGHT = args.streams
     shape = make_files(args.src / "files", args.gb, args.tensor_files)
     print(f"{sum(shape.values()) / 1e9:.2f} GB in {len(shape)} files; {os.cpu_count()} CPUs on {platform.node()}",
           flush=True)
@@ -281,7 +281,7 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
               "cpus": os.cpu_count(), "command": " ".join([Path(sys.executable).name, *sys.argv]), "s3": servers[0] if servers else None,
               "weed_flags": args.weed_flag,
-              "streams": objectstore.STREAMS, "bytes": sum(shape.values()), "files": len(shape), "rows": rows,
+              "streams": bucket.STREAMS, "bytes": sum(shape.values()), "files": len(shape), "rows": rows,
               "summary": text}
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))

@@ -38,12 +38,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_gpucr.core.checkpointer import Checkpointer  # noqa: E402
-from jupyter_gpucr.core.objectstore import ObjectStore  # noqa: E402
-from jupyter_gpucr.core.openfiles import OpenFiles  # noqa: E402
-from jupyter_gpucr.core.sealing import load_key  # noqa: E402
-from jupyter_gpucr.core.store import Store  # noqa: E402
-from jupyter_gpucr.core.streamup import StreamingUpload  # noqa: E402
-from jupyter_gpucr.core.upload import download, latest, upload  # noqa: E402
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore  # noqa: E402
+from jupyter_gpucr.core.objectstore.sealing import load_key  # noqa: E402
+from jupyter_gpucr.core.objectstore.streamup import StreamingUpload  # noqa: E402
+from jupyter_gpucr.core.objectstore.transfer import download, latest, upload  # noqa: E402
+from jupyter_gpucr.core.storage.openfiles import OpenFiles  # noqa: E402
+from jupyter_gpucr.core.storage.store import Store  # noqa: E402
 from tests.conftest import agent_command, ask, wait_for_line  # noqa: E402
 from tests.pagecache import evict, resident_fraction  # noqa: E402
 from tests.s3 import BUCKET, aws_env, environ, moto_server  # noqa: E402

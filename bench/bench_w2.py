@@ -42,8 +42,8 @@ from bench_bandwidth import disk_bandwidth  # noqa: E402
 from cell_watch import CellWatch  # noqa: E402
 from w2_workload import GPU_FIDELITY_CELL, GPU_FIDELITY_SETUP, code  # noqa: E402
 
-from jupyter_gpucr.core import cuda, gpus  # noqa: E402
-from jupyter_gpucr.core.store import dir_size  # noqa: E402
+from jupyter_gpucr.core.gpu import cuda, gpus  # noqa: E402
+from jupyter_gpucr.core.storage.store import dir_size  # noqa: E402
 from tests.pagecache import block_device_stat, device_counters, evict, resident_fraction  # noqa: E402
 
 TOKEN = "bench-token"

@@ -48,8 +48,9 @@ import s3_server  # noqa: E402
 from bench_w2 import TOKEN, Server, drop_from_memory, run_cell  # noqa: E402
 from w2_workload import code, cpu_setup  # noqa: E402
 
-from jupyter_gpucr.core import gpus, upload  # noqa: E402
-from jupyter_gpucr.core.objectstore import ObjectStore  # noqa: E402
+from jupyter_gpucr.core.gpu import gpus  # noqa: E402
+from jupyter_gpucr.core.objectstore import transfer
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore  # noqa: E402
 from tests.s3 import environ  # noqa: E402
 
 SUSPEND_GOAL, RESTORE_GOAL = 1.2, 1.5
@@ -164,7 +165,7 @@ def store_round(args: argparse.Namespace, root: Path, s3: s3_server.S3Server, ca
     finally:
         node_a.stop()
     row.update(uploaded(log_a.read_text(), kid))
-    complete = upload.latest(ObjectStore(url), kid)
+    complete = transfer.latest(ObjectStore(url), kid)
     row["stored_bytes"] = sum(int(v) for v in complete["objects"].values()) if complete else None
     shutil.rmtree(cache_a)  # node A is gone, and its disk with it
     os.sync()

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jupyter_gpucr import Checkpointer  # noqa: E402
-from jupyter_gpucr.core.activation import WakeOn  # noqa: E402
-from jupyter_gpucr.core.waker import read_status, start_waker  # noqa: E402
+from jupyter_gpucr.core.pausing.activation import WakeOn  # noqa: E402
+from jupyter_gpucr.core.pausing.waker import read_status, start_waker  # noqa: E402
 
 AGENT = """
 import os, socket, sys

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from jupyter_gpucr.core import gpus
+from jupyter_gpucr.core.gpu import gpus
 
 PERIOD = 0.1
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jupyter_gpucr.core import criu as criu_engine  # noqa: E402
-from jupyter_gpucr.core import cuda  # noqa: E402
+from jupyter_gpucr.core.criu import commands as criu_engine  # noqa: E402
+from jupyter_gpucr.core.gpu import cuda  # noqa: E402
 
 OPTS = ["--shell-job", "--tcp-established", "--network-lock", "nftables"]
 

@@ -134,7 +134,7 @@ def check(url: str, scratch: Path, mib: int = 96) -> dict[str, object]:
     a file of ``mib`` MiB up as a multipart upload and back as ranged reads, identical; a create
     refused when the object exists; a replace refused with a stale ETag. With the seconds each
     transfer took."""
-    from jupyter_gpucr.core.objectstore import ObjectStore
+    from jupyter_gpucr.core.objectstore.bucket import ObjectStore
 
     store = ObjectStore(url, user="gpucr-bench-check")
     src, back = scratch / "check.bin", scratch / "check.back"

@@ -9,9 +9,10 @@ For agent frameworks::
     cr.restore("worker", gpu="auto")                      # back, on a GPU with room
 """
 from ._version import __version__
-from .core.checkpointer import Checkpointer, Running
+from .core.checkpointer import Checkpointer
 from .core.errors import GPUCRError
-from .core.store import Checkpoint, Store
+from .core.process.running import Running
+from .core.storage.store import Checkpoint, Store
 
 __all__ = ["Checkpointer", "Checkpoint", "GPUCRError", "Running", "Store", "__version__"]
 

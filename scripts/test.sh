@@ -12,8 +12,8 @@ rc=0
 # Every process a test leaves suspended keeps a CRIU network lock (an nftables table) after its
 # store is deleted; Linux allows 1024 of them per host. Drop the ones this run adds, at exit.
 locks=$(mktemp)
-.venv/bin/python -c 'from jupyter_gpucr.core.criu import network_lock_tables as t; print("\n".join(t()))' > "$locks" 2>/dev/null
-trap '.venv/bin/python -c "import sys; from jupyter_gpucr.core.criu import drop_network_locks_except as d; d(set(open(sys.argv[1]).read().split()))" "$locks" 2>/dev/null; rm -f "$locks"' EXIT
+.venv/bin/python -c 'from jupyter_gpucr.core.criu.commands import network_lock_tables as t; print("\n".join(t()))' > "$locks" 2>/dev/null
+trap '.venv/bin/python -c "import sys; from jupyter_gpucr.core.criu.commands import drop_network_locks_except as d; d(set(open(sys.argv[1]).read().split()))" "$locks" 2>/dev/null; rm -f "$locks"' EXIT
 # Each lock is a table every packet on the host goes through: hundreds of them (left by test runs
 # outside this script) slow loopback traffic and leave this run few to take. Say how many there are.
 echo "test: CRIU network locks held before the run: $(grep -c . "$locks") of 1024"

@@ -18,7 +18,7 @@ import psutil
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from jupyter_gpucr.core.criu import network_lock_tables
+from jupyter_gpucr.core.criu.commands import network_lock_tables
 from tests.hub import user_env
 
 TOKEN = "secret-token"

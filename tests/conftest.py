@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jupyter_gpucr.core.criu import find_criu
+from jupyter_gpucr.core.criu.commands import find_criu
 
 AGENTS = Path(__file__).parent / "agents"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import nodecompat
-from jupyter_gpucr.core.images import decode, packed
+from jupyter_gpucr.core.criu import nodecompat
+from jupyter_gpucr.core.criu.images import decode, packed
 
 
 def _varint(n: int) -> bytes:

@@ -22,7 +22,7 @@ from typing import Any
 
 import requests
 
-from jupyter_gpucr.core.store import read_record
+from jupyter_gpucr.core.storage.store import read_record
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

@@ -1,15 +1,15 @@
 """``gpucr doctor``: runs the checks of :mod:`jupyter_gpucr.core.doctor` and prints them, then what
-each GPU holds (:mod:`jupyter_gpucr.core.roomreport`)."""
+each GPU holds (:mod:`jupyter_gpucr.core.gpu.roomreport`)."""
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from ..core import gpus
 from ..core.doctor import Report, report, run_checks
 from ..core.errors import GPUCRError
-from ..core.roomreport import MemorySection, memory_lines, memory_section
-from ..core.store import Store
+from ..core.gpu import gpus
+from ..core.gpu.roomreport import MemorySection, memory_lines, memory_section
+from ..core.storage.store import Store
 from ..daemon.client import DaemonClient
 from ..daemon.protocol import DEFAULT_SOCKET
 from .server_client import call, find_server

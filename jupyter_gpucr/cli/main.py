@@ -14,21 +14,22 @@ import time
 import urllib.parse
 from typing import Any
 
-from ..core import upload
-from ..core.activation import WakeOn
-from ..core.bucket_retention import apply_retention
 from ..core.checkpointer import Checkpointer
 from ..core.errors import GPUCRError, StateError
-from ..core.group import join as join_group
-from ..core.group import member_log, members
-from ..core.objectstore import ObjectStore, is_url
-from ..core.openfiles import OpenFiles
-from ..core.owners import owner_of
-from ..core.procs import is_alive
-from ..core.roomreport import kernel_lines
-from ..core.sealing import key_file_from_environment, load_key, previous_key_files_from_environment
-from ..core.store import ProcRecord, name_of_id
-from ..core.waker import read_status, restart_wakers, start_waker
+from ..core.gpu.roomreport import kernel_lines
+from ..core.objectstore import leases, transfer
+from ..core.objectstore.bucket import ObjectStore, is_url
+from ..core.objectstore.retention import apply_retention
+from ..core.objectstore.sealing import key_file_from_environment, load_key, previous_key_files_from_environment
+from ..core.pausing.activation import WakeOn
+from ..core.pausing.group import join as join_group
+from ..core.pausing.group import member_log, members
+from ..core.pausing.waker import read_status, restart_wakers, start_waker
+from ..core.process.owners import owner_of
+from ..core.process.procs import is_alive
+from ..core.process.record import ProcRecord
+from ..core.storage.openfiles import OpenFiles
+from ..core.storage.store import name_of_id
 from .doctor import doctor
 from .install_criu import install
 from .server_client import call, find_server
@@ -210,10 +211,10 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
                       "it; shut the kernel down there to free its memory")
         sent = ""
         if remote is not None:
-            sent = f" Uploaded to {remote!r} in {upload.upload(remote, cr.store, c)['seconds']:.2f} s."
+            sent = f" Uploaded to {remote!r} in {transfer.upload(remote, cr.store, c)['seconds']:.2f} s."
             apply_retention(remote, c.name, cr.keep_last)  # its older checkpoints there go, as on this disk
             if not args.leave_running:  # durable in the store: any node may restore it now
-                upload.release_lease(remote, c.name, upload.node_id(cr.store))
+                leases.release_lease(remote, c.name, leases.node_id(cr.store))
         return c.summary() | {"timings": t, "left_running": leave_running,
                               "owner": owner.to_dict() if owner else None}, (f"Checkpoint {c.id}: {_size(c.size)} in {t['total']:.2f} s{gpu}; "
                                              f"process {state}.{sent}")
@@ -222,11 +223,11 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
         _refuse_an_owned_kernel(cr, args.name)
         cr.lazy_restore = not args.eager
         if remote is not None and not args.checkpoint:  # claimed for this node; its newest checkpoint brought here
-            upload.missing_here(remote, cr.store, args.name)  # a key that does not open it: refused, no lease taken
-            upload.take_lease(remote, args.name, upload.node_id(cr.store))
-            newest = upload.missing_here(remote, cr.store, args.name)  # what the lease's last holder uploaded
+            transfer.missing_here(remote, cr.store, args.name)  # a key that does not open it: refused, no lease taken
+            leases.take_lease(remote, args.name, leases.node_id(cr.store))
+            newest = transfer.missing_here(remote, cr.store, args.name)  # what the lease's last holder uploaded
             if newest is not None:
-                upload.download(remote, cr.store, newest)
+                transfer.download(remote, cr.store, newest)
         r = cr.restore(args.name, gpu=args.gpu, checkpoint_id=args.checkpoint)
         where = f" onto GPU map {r.record['gpu_map']}" if r.record.get("gpu_map") else ""
         return r.record | {"timings": r.timings}, f"Restored {r.name!r} as PID {r.pid}{where} in {r.timings['total']:.2f} s."
@@ -243,7 +244,7 @@ def _execute(args: argparse.Namespace) -> tuple[Any, str]:
     if args.cmd == "rm":
         removed = cr.remove(args.target, kill=args.kill)
         if remote is not None and name_of_id(args.target) is None:  # a name, not one checkpoint: gone from the store too
-            upload.forget(remote, args.target, upload.node_id(cr.store))
+            leases.forget(remote, args.target, leases.node_id(cr.store))
         return {"removed": removed}, f"Removed {args.target!r} ({len(removed)} checkpoint(s))."
     if args.cmd == "recover":
         results = {args.name: cr.recover(args.name)} if args.name else cr.recover_all()

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from .process.running import Running
 from .recovery import Recovery
-from .running import Running
-from .store import Checkpoint, Store
+from .storage.store import Checkpoint, Store
 
 Progress = Callable[[str, int, int], None]
 

@@ -26,9 +26,9 @@ from typing import Any, Protocol, cast
 import psutil
 
 from .._version import __version__
-from . import cuda, gpus, hugepages, netns, nodecompat, openfiles, pagefill
-from .checksums import DigestWhileWriting
-from .criu import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, drop_network_locks, dump_stats, explain_log
+from .criu import hugepages, nodecompat, pagefill
+from .criu.commands import LAZY_LOG, LAZY_SOCKET, UNIX_NAME_TAKEN, Criu, drop_network_locks, dump_stats, explain_log
+from .criu.images import read_image
 from .errors import (
     AddressInUseError,
     BusyError,
@@ -41,18 +41,23 @@ from .errors import (
     StateError,
 )
 from .files import copy_data, dir_size, fsync_trees, make_private_dir, private_files
-from .fork import fork as fork_copies
-from .fork import inherit_args
-from .images import read_image
-from .launcher import Started, start_holder
-from .locks import exclusive
-from .portholders import sockets_on
-from .privileges import check_privileges
-from .procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
+from .forks import netns
+from .forks.copies import fork as fork_copies
+from .forks.copies import inherit_args
+from .gpu import cuda, gpus
+from .objectstore.leases import node_id
+from .objectstore.transfer import relocated_files
+from .process.launcher import Started, start_holder
+from .process.portholders import sockets_on
+from .process.privileges import check_privileges
+from .process.procs import find_descendant_by_ns_pid, in_own_pidns, innermost_pid, is_alive, namespace_init_of, stop_for_good, tree, tree_rss, wait_gone
+from .process.record import ProcRecord
+from .process.running import Running
 from .recovery import PAGES, RECOVER_WAIT, CrashRecovery, Recovery, read_pages
-from .running import Running
-from .store import Checkpoint, Manifest, ProcRecord, Store
-from .upload import node_id, relocated_files
+from .storage import openfiles
+from .storage.checksums import DigestWhileWriting
+from .storage.locks import exclusive
+from .storage.store import Checkpoint, Manifest, Store
 
 Progress = Callable[[str, int, int], None]
 
@@ -400,7 +405,7 @@ class Checkpointer:
              detach: bool = True, gpu_bytes_beside: Mapping[str, int] | None = None,
              checkpoint_id: str | None = None) -> builtins.list[Running]:
         """``count`` copies of ``name`` (``names``, else NAME-fork-1...), each in its own namespaces;
-        see :mod:`.fork`. A running ``name`` runs on; a checkpointed one stays on disk.
+        see :mod:`.forks.copies`. A running ``name`` runs on; a checkpointed one stays on disk.
         ``gpu_bytes_beside``: as for :meth:`restore`, for each copy. ``checkpoint_id``: a checkpoint
         of ``name`` the caller just took to fork from (the server's, with the tensors moved out)."""
         return fork_copies(self, name, count, names, gpu, detach, gpu_bytes_beside or {}, checkpoint_id)
@@ -412,7 +417,7 @@ class Checkpointer:
         """Bring the process back from its latest (or the given) checkpoint onto a fitting GPU.
         ``gpu_bytes_beside``: GPU memory (by the checkpoint's GPU UUIDs) the process takes back
         itself after the driver's restore (a kernel's offloaded tensors); the GPU picked must
-        have room for it too. ``files``: a fork's first restore (see ``fork.py``): the path of each
+        have room for it too. ``files``: a fork's first restore (see ``forks/copies.py``): the path of each
         file the image had open for writing, and the fork's own copy, which the fork gets instead."""
         d = self.store.proc_dir(name)
         asked = time.perf_counter()
@@ -537,7 +542,7 @@ class Checkpointer:
     def release_network_locks(self) -> list[str]:
         """Release the network locks of this store's checkpoints older than ``network_lock_hold``
         (their TCP peers have given up retransmitting by then); the names of the tables deleted.
-        A dump that stopped its process leaves its lock until the restore (``criu.drop_network_locks``)."""
+        A dump that stopped its process leaves its lock until the restore (``criu.commands.drop_network_locks``)."""
         if self.network_lock_hold is None:
             return []
         old = time.time() - self.network_lock_hold

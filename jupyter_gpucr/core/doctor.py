@@ -10,13 +10,13 @@ from typing import Protocol, TypedDict, cast
 
 import psutil
 
-from . import cuda, gpus
-from .criu import NETWORK_LOCKS_MAX, Criu, network_locks_held
+from .criu.commands import NETWORK_LOCKS_MAX, Criu, network_locks_held
 from .errors import GPUCRError
+from .gpu import cuda, gpus
 from .hostmemory import free_page_reporting
-from .privileges import Check, check_privileges
+from .process.privileges import Check, check_privileges
 from .sizes import human
-from .store import Store
+from .storage.store import Store
 
 #: Below this much free disk in the store hardly any checkpoint fits (each keeps 64 MiB spare): a
 #: failure; below 1 GiB, a note (small processes are checkpointed, larger ones refused).
@@ -105,7 +105,7 @@ def _check_gpu() -> list[Check]:
 
 def _check_engine(daemon: DaemonProbe | None) -> tuple[Check, bool]:
     """Which engine a server started by this user gets, and why (the server decides the same way,
-    ``server.backend.choose_backend``); and whether that is the daemon."""
+    ``server.backend_choice.choose_backend``); and whether that is the daemon."""
     privileges = check_privileges()
     if privileges.ok:
         return Check("engine", True, "whole process: this user may run CRIU itself"), False

@@ -18,16 +18,17 @@ from typing import Any, cast
 
 import psutil
 
-from . import cuda
-from .checksums import digest_tree
-from .criu import at_work_in, drop_network_lock
+from .criu.commands import at_work_in, drop_network_lock
+from .criu.nodecompat import drop_unfinished_record
 from .errors import BusyError, CheckpointDamagedError, InvalidNameError
-from .identity import ProcId
-from .launcher import HolderRecord, live_holders
-from .locks import exclusive
-from .nodecompat import drop_unfinished_record
-from .procs import find_descendant_by_ns_pid, innermost_pid, is_alive, stop_for_good, tree
-from .store import INTENT, MANIFEST, Checkpoint, Manifest, ProcRecord, Store, name_of_id, read_json, read_record
+from .gpu import cuda
+from .process.identity import ProcId
+from .process.launcher import HolderRecord, live_holders
+from .process.procs import find_descendant_by_ns_pid, innermost_pid, is_alive, stop_for_good, tree
+from .process.record import ProcRecord
+from .storage.checksums import digest_tree
+from .storage.locks import exclusive
+from .storage.store import INTENT, MANIFEST, Checkpoint, Manifest, Store, name_of_id, read_json, read_record
 
 # How long recovery waits for a CRIU that an interrupted operation left running, or for another
 # operation's lock on the same name.

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ..core.errors import StateError
-from ..core.procs import tree
+from ..core.process.procs import tree
 from .guard import Owner
 
 

@@ -20,12 +20,12 @@ from typing import Any, Final
 
 import psutil
 
-from ..core.checkpointer import Running
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.files import fsync_trees, make_private_dir
-from ..core.launcher import Started
+from ..core.process.launcher import Started
+from ..core.process.running import Running
 from ..core.recovery import RECOVER_WAIT, Recovery
-from ..core.store import MANIFEST, Checkpoint, Manifest, Store, read_json, read_record, write_json_atomic
+from ..core.storage.store import MANIFEST, Checkpoint, Manifest, Store, read_json, read_record, write_json_atomic
 from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
 
 Progress = Callable[[str, int, int], None]

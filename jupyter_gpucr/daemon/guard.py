@@ -23,9 +23,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.criu.images import REMAP_GHOST, REMAP_LINKED, Creds, read_image
 from ..core.errors import AccessRefusedError, PreconditionError
-from ..core.images import REMAP_GHOST, REMAP_LINKED, Creds, read_image
-from ..core.procs import tree
+from ..core.process.procs import tree
 
 KEPT = "The checkpoint is kept."
 #: What /proc/PID/fd shows for descriptors that are not files of a file system.

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.errors import AccessRefusedError, EngineError, StateError
-from ..core.identity import ProcId, stat_fields
-from ..core.launcher import HolderRecord, holder_records
-from ..core.procs import in_own_pidns, innermost_pid, tree
-from ..core.store import ProcRecord
+from ..core.process.identity import ProcId, stat_fields
+from ..core.process.launcher import HolderRecord, holder_records
+from ..core.process.procs import in_own_pidns, innermost_pid, tree
+from ..core.process.record import ProcRecord
 from .guard import Owner
 
 #: How long the tasks of a tree get to stop (one in an uninterruptible wait stops when it ends).

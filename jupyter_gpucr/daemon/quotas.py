@@ -43,13 +43,13 @@ from typing import Any
 
 import psutil
 
-from ..core import cuda, gpus
-from ..core.criu import drop_network_lock_of, drop_network_locks, dump_id, network_lock_tables
+from ..core.criu.commands import drop_network_lock_of, drop_network_locks, dump_id, network_lock_tables
 from ..core.errors import BusyError, GPUCRError, PreconditionError
-from ..core.locks import exclusive
-from ..core.names import validate_name
-from ..core.procs import is_alive, tree, tree_rss
-from ..core.store import Checkpoint, Store, name_of_id, read_record
+from ..core.gpu import cuda, gpus
+from ..core.process.procs import is_alive, tree, tree_rss
+from ..core.storage.locks import exclusive
+from ..core.storage.names import validate_name
+from ..core.storage.store import Checkpoint, Store, name_of_id, read_record
 
 log = logging.getLogger("gpucr-daemon")
 #: How often the watchdog looks at the logs: a process may pass the cap by what it writes meanwhile.

@@ -29,15 +29,17 @@ from pathlib import Path
 from typing import Any, cast
 
 from .._version import __version__
-from ..core.checkpointer import Checkpointer, Running
-from ..core.criu import NETWORK_LOCKS_MAX, find_criu
+from ..core.checkpointer import Checkpointer
+from ..core.criu.commands import NETWORK_LOCKS_MAX, find_criu
 from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
-from ..core.identity import ProcId
-from ..core.launcher import HolderRecord, clean_env
-from ..core.names import validate_name
-from ..core.procs import is_alive, tree, wait_gone
-from ..core.store import ProcRecord, Store, write_json_atomic
+from ..core.process.identity import ProcId
+from ..core.process.launcher import HolderRecord, clean_env
+from ..core.process.procs import is_alive, tree, wait_gone
+from ..core.process.record import ProcRecord
+from ..core.process.running import Running
+from ..core.storage.names import validate_name
+from ..core.storage.store import Store, write_json_atomic
 from .caller import caller_of, cgroup_of
 from .criu_as_owner import CGROUP_FLAG, OWNER_FLAG
 from .guard import Owner, RestoreGuard, deleted_files, external_files

@@ -12,8 +12,8 @@ from kernel_gateway.jupyter_websocket import JupyterWebsocketPersonality
 from kernel_gateway.mixins import CORSMixin, TokenAuthorizationMixin
 from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
 
-from ..core import cuda
-from ..server.backend import choose_backend
+from ..core.gpu import cuda
+from ..server.backend_choice import choose_backend
 from ..server.config import GPUCR
 from ..server.kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from ..server.readiness import Readiness

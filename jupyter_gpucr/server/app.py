@@ -12,9 +12,9 @@ from typing import Any
 from jupyter_server.extension.application import ExtensionApp
 from traitlets.utils.importstring import import_item
 
-from ..core import cuda
 from ..core.errors import GPUCRError
-from .backend import choose_backend
+from ..core.gpu import cuda
+from .backend_choice import choose_backend
 from .config import GPUCR
 from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness

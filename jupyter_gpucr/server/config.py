@@ -8,7 +8,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicod
 from traitlets.config import Configurable
 
 from ..core.checkpointer import NETWORK_LOCK_HOLD
-from ..core.sealing import key_file_from_environment, previous_key_files_from_environment
+from ..core.objectstore.sealing import key_file_from_environment, previous_key_files_from_environment
 from ..core.sizes import parse_size
 from ..daemon.protocol import DEFAULT_SOCKET
 

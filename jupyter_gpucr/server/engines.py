@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 
-from ..core import pagecache
 from ..core.backend import CheckpointBackend
-from ..core.checksums import digest_tree
 from ..core.errors import EngineError, PreconditionError, PutBackError
-from ..core.store import Checkpoint, Manifest, dir_size
+from ..core.storage import pagecache
+from ..core.storage.checksums import digest_tree
+from ..core.storage.store import Checkpoint, Manifest, dir_size
 from . import kernel_rpc
-from .backend import Backend
+from .backend_choice import Backend
 from .kernel_rpc import SNAPSHOT_PAYLOAD
 from .loopstep import LoopStep
 from .ports import HeldPorts

@@ -28,8 +28,8 @@ from typing import Any
 
 from ..core.errors import EngineError, NotFoundError, StateError
 from ..core.files import make_private_dir
-from ..core.fork import keep_written_files
-from ..core.store import Checkpoint
+from ..core.forks.copies import keep_written_files
+from ..core.storage.store import Checkpoint
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR
 

@@ -12,9 +12,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..core import gpus
 from ..core.doctor import report, run_checks
 from ..core.errors import GPUCRError
+from ..core.gpu import gpus
 from ..daemon.client import DaemonClient
 
 AUTH_RESOURCE = "kernels"

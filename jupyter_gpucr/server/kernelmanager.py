@@ -23,7 +23,7 @@ from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelMana
 from traitlets import Instance, default
 
 from ..core.errors import GPUCRError, NotFoundError
-from ..core.procs import tcp_connections_to
+from ..core.process.procs import tcp_connections_to
 from . import labels
 from .config import GPUCR
 from .lifecycle import RUNNING, KernelLifecycle

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import InvalidNameError
-from ..core.store import Store
+from ..core.storage.store import Store
 
 ENV = "KERNEL_GPUCR_LABEL"
 SPEC_KEY = "gpucr_label"

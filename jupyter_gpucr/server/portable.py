@@ -2,7 +2,7 @@
 cannot run the CRIU image restores instead.
 
 A CRIU image runs only where the CPU has the instruction features the process already chose,
-the NVIDIA driver is the same and the GPU model is there (``core/nodecompat.py``). With object
+the NVIDIA driver is the same and the GPU model is there (``core/criu/nodecompat.py``). With object
 storage the next node is whichever the hub picks, so the suspend can also have the kernel save
 its namespace with the snapshot engine's code (``gpucr_hooks.snapshot``) before the dump,
 into ``portable/snapshot`` beside the kernel's process files (which travel with the
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from ..core import nodecompat
 from ..core.backend import CheckpointBackend
 from ..core.checkpointer import Checkpointer
-from ..core.checksums import digest_tree
-from ..core.store import Checkpoint, Manifest, Store
+from ..core.criu import nodecompat
+from ..core.storage.checksums import digest_tree
+from ..core.storage.store import Checkpoint, Manifest, Store
 from . import kernel_rpc
 from .kernel_rpc import SNAPSHOT_PAYLOAD
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import zmq
 
-from ..core.activation import WakeOn, bind_anew, find_listeners, hold, steer_to_restored
-from ..core.store import Checkpoint
+from ..core.pausing.activation import WakeOn, bind_anew, find_listeners, hold, steer_to_restored
+from ..core.storage.store import Checkpoint
 from .control import ControlAnswerer, ControlAnswers
 from .heartbeat import HeartbeatEcho
 

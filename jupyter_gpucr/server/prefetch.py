@@ -6,8 +6,8 @@ import asyncio
 import time
 from typing import Any
 
-from ..core import pagecache
-from ..core.store import Checkpoint, Store
+from ..core.storage import pagecache
+from ..core.storage.store import Checkpoint, Store
 from .config import GPUCR
 from .engines import OFFLOAD_DIR
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.jsonfile import write_json_atomic
-from ..core.store import Store
+from ..core.storage.store import Store
 from . import kernel_rpc
 from .config import GPUCR
 from .dormant import Saved

@@ -7,7 +7,7 @@ process jupyter_client launched, so this provisioner tracks it by PID rather tha
 present (there is no process to poll, but the kernel exists on disk).
 
 The program that runs this provisioner is recorded as the kernel's owner in the store
-(:mod:`jupyter_gpucr.core.owners`) until it shuts the kernel down: ``gpucr checkpoint`` then
+(:mod:`jupyter_gpucr.core.process.owners`) until it shuts the kernel down: ``gpucr checkpoint`` then
 leaves the kernel running for it, and ``gpucr restore`` does not bring it back once it is gone.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from jupyter_client.provisioning import LocalProvisioner
 from ..core.backend import CheckpointBackend
 from ..core.checkpointer import Checkpointer
 from ..core.files import private_files
-from ..core.launcher import ExitedAtStart, Started
-from ..core.owners import record_owner, release_owner
-from ..core.procs import is_alive, namespace_init
+from ..core.process.launcher import ExitedAtStart, Started
+from ..core.process.owners import record_owner, release_owner
+from ..core.process.procs import is_alive, namespace_init
 from .kernel_rpc import HISTORY_FILE
 
 # What poll() reports for a kernel that exited while processes it left still run in its namespace.

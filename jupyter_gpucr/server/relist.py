@@ -14,8 +14,8 @@ from typing import Any, cast
 from ..core.backend import CheckpointBackend
 from ..core.errors import CheckpointDamagedError, GPUCRError
 from ..core.jsonfile import read_json
-from ..core.procs import is_alive, tree
-from ..core.store import Checkpoint, Store
+from ..core.process.procs import is_alive, tree
+from ..core.storage.store import Checkpoint, Store
 from .kernels import Kernels
 from .lifecycle import SUSPENDED, KernelLifecycle, KernelState
 from .ports import HeldPorts

@@ -1,4 +1,4 @@
-"""The server's side of object storage (``c.GPUCR.store = "s3://..."``, see ``core/upload.py``).
+"""The server's side of object storage (``c.GPUCR.store = "s3://..."``, see ``core/objectstore/transfer.py``).
 
 Before a suspend the store is asked once whether it answers, so a store that is down or refuses
 the credentials leaves the kernel running with the reason. After the dump the kernel is
@@ -6,14 +6,14 @@ the credentials leaves the kernel running with the reason. After the dump the ke
 ``suspended`` once every object is in the store. A restore first claims the kernel's lease and
 downloads its newest checkpoint when this node does not have it; while the node holds the kernel
 a heartbeat renews the lease, and a lease left unrenewed for ``c.GPUCR.lease_timeout_s`` (a lost
-node) is taken over. With S3 the upload begins while CRIU writes the images (``core/streamup.py``),
+node) is taken over. With S3 the upload begins while CRIU writes the images (``core/objectstore/streamup.py``),
 with the kernel's offloaded tensors and saved variables beside them.
 At start, uploads an earlier server left unfinished are redone and the kernels other nodes left
 in the store are listed. With ``c.GPUCR.encryption_key_file`` every object holding the process
-is sealed with that key before it leaves the node (``core/sealing.py``); checkpoints sealed with
+is sealed with that key before it leaves the node (``core/objectstore/sealing.py``); checkpoints sealed with
 ``c.GPUCR.previous_encryption_key_files`` are opened with those, and the log at start says how
 many each previous key still seals. After each upload the user's prefix is pruned
-(``c.GPUCR.keep_last``, ``c.GPUCR.max_bucket_bytes``: ``core/bucket_retention.py``); a kernel
+(``c.GPUCR.keep_last``, ``c.GPUCR.max_bucket_bytes``: ``core/objectstore/retention.py``); a kernel
 shut down takes its objects with it, once an upload of it under way is over.
 """
 from __future__ import annotations
@@ -25,15 +25,15 @@ from collections.abc import Awaitable, Callable, Collection, Container
 from pathlib import Path
 from typing import Any
 
-from ..core import upload
-from ..core.bucket_retention import apply_retention
 from ..core.checkpointer import Checkpointer
-from ..core.checksums import find_mismatches
 from ..core.errors import CheckpointDamagedError, GPUCRError
-from ..core.objectstore import ObjectStore, is_url
-from ..core.sealing import StoreKey, load_key
-from ..core.store import Checkpoint, Manifest, Store
-from ..core.streamup import StreamingUpload
+from ..core.objectstore import leases, transfer
+from ..core.objectstore.bucket import ObjectStore, is_url
+from ..core.objectstore.retention import apply_retention
+from ..core.objectstore.sealing import StoreKey, load_key
+from ..core.objectstore.streamup import StreamingUpload
+from ..core.storage.checksums import find_mismatches
+from ..core.storage.store import Checkpoint, Manifest, Store
 from .config import GPUCR
 from .lifecycle import SUSPENDED, UPLOADING, KernelLifecycle
 
@@ -73,10 +73,10 @@ class RemoteKernels:
                  lease_timeout_s: float = 120.0, max_bytes: int | None = None) -> None:
         self.remote, self.store, self.lifecycle, self.log, self.keep_last = remote, store, lifecycle, log, keep_last
         self.max_bytes = max_bytes  # of the user's prefix (c.GPUCR.max_bucket_bytes); None: no limit
-        self.node = upload.node_id(store)
+        self.node = leases.node_id(store)
         self.lease_timeout_s = lease_timeout_s
         self._uploads: dict[str, asyncio.Task[None]] = {}
-        self._leases: dict[str, upload.Lease] = {}  # the kernels this node holds, renewed by the heartbeat
+        self._leases: dict[str, leases.Lease] = {}  # the kernels this node holds, renewed by the heartbeat
         self._heartbeat: asyncio.Task[None] | None = None
         self._streams: dict[str, StreamingUpload] = {}  # by checkpoint id, from the dump to the upload
         self._final_folders: Collection[str] = ()  # of a process's folder, uploaded beside its dump
@@ -94,7 +94,7 @@ class RemoteKernels:
             self._final_folders = final_folders
 
     def _stream(self, name: str, cid: str, images: Path) -> StreamingUpload:
-        final = upload.proc_pairs(self.store.proc_dir(name), self._final_folders)
+        final = transfer.proc_pairs(self.store.proc_dir(name), self._final_folders)
         self._streams[cid] = stream = StreamingUpload(self.remote, f"{name}/{cid}", images, self.node, final)
         return stream
 
@@ -122,7 +122,7 @@ class RemoteKernels:
             loop.call_soon_threadsafe(self.lifecycle.progress, kernel_id, "uploading", done, total)
 
         try:
-            moved = await asyncio.to_thread(upload.upload, self.remote, self.store, ckpt, report, streamed)
+            moved = await asyncio.to_thread(transfer.upload, self.remote, self.store, ckpt, report, streamed)
         except (GPUCRError, OSError) as e:
             if streamed is not None:  # parts sent while CRIU wrote still go out: the upload is over once they are
                 await asyncio.to_thread(streamed.result)
@@ -182,14 +182,14 @@ class RemoteKernels:
         """Claim the kernel for this node (the lease, taken over from a node that stopped renewing
         it), then make sure its newest durable checkpoint is on this node's disk, downloading it if
         needed. What the user should know of a takeover, or None."""
-        lease = await asyncio.to_thread(upload.take_lease, self.remote, kernel_id, self.node, self.lease_timeout_s)
+        lease = await asyncio.to_thread(leases.take_lease, self.remote, kernel_id, self.node, self.lease_timeout_s)
         self._leases[kernel_id] = lease
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.ensure_future(self._beat())
-        note = upload.taken_over_note(lease)
+        note = leases.taken_over_note(lease)
         if note:
             self.log.warning("gpucr: kernel %s: %s", kernel_id, note)
-        newest = await asyncio.to_thread(upload.latest, self.remote, kernel_id)
+        newest = await asyncio.to_thread(transfer.latest, self.remote, kernel_id)
         local = self.store.latest(kernel_id) if self.store.list_checkpoints(kernel_id) else None
         self._from_store.pop(kernel_id, None)
         if newest is not None and newest.get("node") != self.node and (local is None or local.id == newest["id"]
@@ -198,7 +198,7 @@ class RemoteKernels:
         if newest is None or (local is not None and (local.id == newest["id"] or local.created >= newest["created"])):
             return note
         t0 = time.perf_counter()
-        await asyncio.to_thread(upload.download, self.remote, self.store, newest,
+        await asyncio.to_thread(transfer.download, self.remote, self.store, newest,
                                 lambda done, total: progress("downloading", done, total))
         self.log.info("gpucr: downloaded checkpoint %s of kernel %s from %r (%d MiB in %.2f s)", newest["id"], kernel_id,
                       self.remote, newest.get("bytes", 0) >> 20, time.perf_counter() - t0)
@@ -235,7 +235,7 @@ class RemoteKernels:
 
     async def _release(self, kernel_id: str) -> None:
         self._leases.pop(kernel_id, None)
-        await asyncio.to_thread(upload.release_lease, self.remote, kernel_id, self.node)
+        await asyncio.to_thread(leases.release_lease, self.remote, kernel_id, self.node)
 
     async def _beat(self) -> None:
         """Renew every lease this node holds, a quarter of ``lease_timeout_s`` apart, while it holds
@@ -245,7 +245,7 @@ class RemoteKernels:
             await asyncio.sleep(self.lease_timeout_s / 4)
             for kernel_id, lease in list(self._leases.items()):
                 try:
-                    kept = await asyncio.to_thread(upload.renew_lease, self.remote, lease)
+                    kept = await asyncio.to_thread(leases.renew_lease, self.remote, lease)
                 except GPUCRError as e:
                     self.log.warning("gpucr: the lease of kernel %s was not renewed: %s", kernel_id, e.message)
                     continue
@@ -267,7 +267,7 @@ class RemoteKernels:
             if uploading is not None:
                 await asyncio.wait([uploading])
             try:
-                await asyncio.to_thread(upload.forget, self.remote, kernel_id, self.node)
+                await asyncio.to_thread(leases.forget, self.remote, kernel_id, self.node)
             except GPUCRError as e:
                 self.log.warning("gpucr: the objects of kernel %s stay in %r: %s", kernel_id, self.remote, e)
             else:
@@ -282,7 +282,7 @@ class RemoteKernels:
     def _log_previous_key_use(self, found: dict[str, list[dict[str, Any]]]) -> None:
         """Say how many checkpoints each previous key still seals: the operator removes a key at 0.
         A kernel's next suspend seals it with the current key, and retention removes the older ones."""
-        for key, count in upload.previous_key_use(self.remote, found).items():
+        for key, count in transfer.previous_key_use(self.remote, found).items():
             if count:
                 self.log.info("gpucr: %d checkpoint(s) in %r are sealed with the previous encryption key %s (%s); keep "
                               "it in c.GPUCR.previous_encryption_key_files until their kernels are suspended again "
@@ -295,13 +295,13 @@ class RemoteKernels:
         """Redo the uploads an earlier server left unfinished, then list (``list_on_disk``) the kernels
         not ``listed`` yet that this user has suspended in the store on other nodes (or before this
         node's cache was emptied)."""
-        for ckpt in upload.pending(self.store):
+        for ckpt in transfer.pending(self.store):
             if self.lifecycle.state_of(ckpt.name) == SUSPENDED and self.store.latest(ckpt.name).id == ckpt.id:
                 self.log.warning("gpucr: kernel %s: redoing the upload an earlier server did not finish", ckpt.name)
                 self.lifecycle.transition(ckpt.name, UPLOADING, "uploading")
                 self.upload_later(ckpt.name, ckpt)
         try:
-            found = await asyncio.to_thread(upload.checkpoints, self.remote)
+            found = await asyncio.to_thread(transfer.checkpoints, self.remote)
         except GPUCRError as e:
             self.log.error("gpucr: the kernels in %r are not listed: %s %s", self.remote, e.message, e.hint)
             return
@@ -311,7 +311,7 @@ class RemoteKernels:
             if name in listed:
                 continue
             try:
-                manifest: Manifest = upload.manifest_of(self.remote, complete)
+                manifest: Manifest = transfer.manifest_of(self.remote, complete)
             except GPUCRError as e:
                 self.log.error("gpucr: kernel %s in %r is not listed: %s %s", name, self.remote, e.message, e.hint)
                 continue

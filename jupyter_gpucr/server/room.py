@@ -29,11 +29,11 @@ import psutil
 from jupyter_events import EventLogger
 from traitlets import TraitError
 
-from ..core import gpus
 from ..core.errors import GPUCRError, PreconditionError
-from ..core.procs import tree_rss
+from ..core.gpu import gpus
+from ..core.process.procs import tree_rss
 from ..core.sizes import human, parse_size
-from ..core.store import Checkpoint
+from ..core.storage.store import Checkpoint
 from .lifecycle import RESTORING, RUNNING, SUSPENDED, WAITING
 
 POLICIES = ["lru", "never"]

@@ -2,8 +2,8 @@
 mounts are the same routes (docs/rest-api.md), so a gateway has fork, save points and room too."""
 from __future__ import annotations
 
-from .fork import fork_handlers
 from .handlers import handlers
+from .kernel_forks import fork_handlers
 from .room_handlers import room_handlers
 from .savepoints import savepoint_handlers
 

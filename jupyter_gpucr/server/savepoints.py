@@ -5,7 +5,7 @@ running kernel it is the checkpoint a fork's source gets (``fork_source.py``): i
 in the server, its GPU tensors go out into files and back, CRIU dumps it and leaves it running;
 the kernel runs on as it was. Of a suspended kernel it is a copy of the checkpoint it is in, made
 of hard links (instant). Either way it is a checkpoint of the kernel with the reason
-``savepoint`` (``core/store.py``), kept with the copies of the files the kernel had open for
+``savepoint`` (``core/storage/store.py``), kept with the copies of the files the kernel had open for
 writing (its history database and logs: ``fork-files/ID``) and links to its offloaded GPU
 tensors (``savepoint-tensors/ID``). A kernel keeps ``c.GPUCR.max_save_points`` of them, the
 oldest dropped; they count in the store's byte quota like every checkpoint; shutting the
@@ -28,7 +28,7 @@ Every save point is a full dump (CPU kernel, 2 cores: paused 0.6-0.9 s with 64 M
 1.4-2.1 s with 1 GiB; ``bench/bench_savepoints.py``). The way to make later ones cheap is CRIU's
 memory tracking: dump with ``--track-mem``, then the next with ``--prev-images-dir`` pointing at
 the previous save point's images, which writes only the pages dirtied since (the images get a
-``parent`` link). Not done yet, because: gpucr's page daemon (``core/pagefill.py``) refuses
+``parent`` link). Not done yet, because: gpucr's page daemon (``core/criu/pagefill.py``) refuses
 images with pages in a parent, so their restores would need CRIU's own reading or pagefill
 support; the limit drops the oldest save point, which a newer one's chain may still need (keep
 parents while a child needs them, or fold them in); ``Store.copy_checkpoint`` hard-links files
@@ -52,16 +52,16 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from ..core.checkpointer import Checkpointer
+from ..core.criu.images import read_image
 from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
-from ..core.fork import KEPT_FILES, _flat, keep_written_files
-from ..core.images import read_image
-from ..core.store import SAVE_POINT, Checkpoint, is_save_point
+from ..core.forks.copies import KEPT_FILES, _flat, keep_written_files
+from ..core.storage.store import SAVE_POINT, Checkpoint, is_save_point
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR
-from .fork import MAX_FORKS, KernelForker
 from .fork_source import checkpoint_running
 from .handlers import _KERNEL_ID, GPUCRHandler
+from .kernel_forks import MAX_FORKS, KernelForker
 from .lifecycle import RUNNING, SUSPENDED
 
 #: Links to a save point's offloaded GPU tensors, by save point id, in the kernel's folder.
@@ -303,7 +303,7 @@ def _checked_name(name: Any) -> str | None:
 
 
 def _written_files(ckpt: Checkpoint) -> list[str]:
-    from ..core.fork import _written_files as written
+    from ..core.forks.copies import _written_files as written
     return written(read_image(ckpt.images))
 
 

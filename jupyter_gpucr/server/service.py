@@ -23,15 +23,15 @@ import psutil
 from jupyter_core.utils import ensure_async
 from tornado.ioloop import PeriodicCallback
 
-from ..core import gpus
 from ..core.backend import CheckpointBackend
 from ..core.errors import EngineError, GPUCRError, NotFoundError, StateError
-from ..core.procs import tree
+from ..core.gpu import gpus
+from ..core.process.procs import tree
 from ..core.sizes import human
-from ..core.store import Checkpoint, Store
-from ..core.writeback import WritebackWhileWriting
+from ..core.storage.store import Checkpoint, Store
+from ..core.storage.writeback import WritebackWhileWriting
 from . import portable, preparation
-from .backend import build_checkpointer, choose_backend
+from .backend_choice import build_checkpointer, choose_backend
 from .config import GPUCR
 from .control import ControlAnswers
 from .dormant import Reply, Saved, answer

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..core.backend import CheckpointBackend
 from ..core.errors import GPUCRError, NotFoundError, StateError
-from ..core.store import Store
+from ..core.storage.store import Store
 from .config import GPUCR
 from .kernels import Kernels
 from .lifecycle import RUNNING, KernelLifecycle

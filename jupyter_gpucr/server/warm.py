@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import GPUCRError
-from ..core.store import Checkpoint, ProcRecord
+from ..core.process.record import ProcRecord
+from ..core.storage.store import Checkpoint
 from . import kernel_rpc
 from .kernel_rpc import SNAPSHOT_PAYLOAD
 from .lifecycle import SUSPENDED, UPLOADING

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpucr.core.bucket_retention import apply_retention
-from jupyter_gpucr.core.objectstore import ObjectStore
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore
+from jupyter_gpucr.core.objectstore.retention import apply_retention
 from tests.s3 import BUCKET, aws_env, environ, moto_server
 
 pytestmark = pytest.mark.timeout(120)

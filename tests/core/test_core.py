@@ -16,11 +16,11 @@ import psutil
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.core.criu import dump_id, network_lock_tables
+from jupyter_gpucr.core.criu.commands import dump_id, network_lock_tables
 from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineError
 from jupyter_gpucr.core.hostmemory import free_page_reporting
-from jupyter_gpucr.core.locks import exclusive
-from jupyter_gpucr.core.procs import tree
+from jupyter_gpucr.core.process.procs import tree
+from jupyter_gpucr.core.storage.locks import exclusive
 from tests.conftest import agent_command, ask, gone, wait_for_line
 
 
@@ -300,7 +300,7 @@ def test_criu_is_found_from_a_python_of_another_environment(tmp_path):
         pytest.skip("no CRIU bundle in the checkout's .venv (scripts/setup.sh installs it)")
     other = tmp_path / "other-env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
-    found = subprocess.run([str(other / "bin" / "python"), "-c", "from jupyter_gpucr.core.criu import find_criu; print(find_criu())"],
+    found = subprocess.run([str(other / "bin" / "python"), "-c", "from jupyter_gpucr.core.criu.commands import find_criu; print(find_criu())"],
                            capture_output=True, text=True, check=True, env={
                                "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
                                # the package from the checkout, what it imports from this environment

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jupyter_gpucr.core.checkpointer import _restore_summary
-from jupyter_gpucr.core.criu import explain_log
+from jupyter_gpucr.core.criu.commands import explain_log
 from jupyter_gpucr.core.errors import CheckpointDamagedError, EngineError, PreconditionError, StateError
 from jupyter_gpucr.daemon.protocol import error_from
 

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from jupyter_gpucr.core.errors import PreconditionError
-from jupyter_gpucr.core.fork import gpu_targets
-from jupyter_gpucr.core.gpus import Gpu
+from jupyter_gpucr.core.forks.copies import gpu_targets
+from jupyter_gpucr.core.gpu.gpus import Gpu
 from tests.conftest import criu_or_skip
 from tests.core.test_core import gpucr
 

@@ -1,4 +1,4 @@
-"""Closing a fork's copies of connections to outside it (core/forknet.py), inside a real network
+"""Closing a fork's copies of connections to outside it (core/process/forknet.py), inside a real network
 namespace of its own with real kernel sockets. A copy that nothing ever answers is made as CRIU
 makes one (TCP repair mode, here without the window probe that would draw a reset): a read on it
 waits for good until gpucr destroys it; connections between the namespace's own sockets are kept."""
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-import jupyter_gpucr.core.forknet as forknet
+import jupyter_gpucr.core.process.forknet as forknet
 
 SCRIPT = textwrap.dedent("""
     import importlib.util, json, socket, subprocess, sys, threading

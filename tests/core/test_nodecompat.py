@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import nodecompat
 from jupyter_gpucr.core.checkpointer import Checkpointer
+from jupyter_gpucr.core.criu import nodecompat
 from jupyter_gpucr.core.errors import IncompatibleCheckpointError
-from jupyter_gpucr.core.store import Store
+from jupyter_gpucr.core.storage.store import Store
 from tests.conftest import agent_command, ask, wait_for_line
 from tests.cpuinfo import missing_here, node_image, with_feature
 

@@ -21,11 +21,12 @@ import pytest
 
 from jupyter_gpucr.core.checkpointer import Checkpointer
 from jupyter_gpucr.core.errors import CheckpointDamagedError
-from jupyter_gpucr.core.objectstore import ObjectStore, ObjectStoreError
-from jupyter_gpucr.core.sealing import KeyMismatchError, load_key, sealed_size
-from jupyter_gpucr.core.store import Store
-from jupyter_gpucr.core.streamup import PART, StreamingUpload
-from jupyter_gpucr.core.upload import LeaseHeldError, download, kernels, latest, manifest_of, proc_pairs, take_lease, upload
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore, ObjectStoreError
+from jupyter_gpucr.core.objectstore.leases import LeaseHeldError, take_lease
+from jupyter_gpucr.core.objectstore.sealing import KeyMismatchError, load_key, sealed_size
+from jupyter_gpucr.core.objectstore.streamup import PART, StreamingUpload
+from jupyter_gpucr.core.objectstore.transfer import download, kernels, latest, manifest_of, proc_pairs, upload
+from jupyter_gpucr.core.storage.store import Store
 from tests.conftest import agent_command, ask, wait_for_line
 from tests.s3 import BUCKET, aws_env, environ, free_port, moto_server
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from jupyter_gpucr.core.objectstore import ObjectStore
-from jupyter_gpucr.core.sealing import load_key, sealed_size
-from jupyter_gpucr.core.upload import LeaseHeldError, take_lease
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore
+from jupyter_gpucr.core.objectstore.leases import LeaseHeldError, take_lease
+from jupyter_gpucr.core.objectstore.sealing import load_key, sealed_size
 from tests.core.test_objectstore import make_key, raw_objects
 from tests.gcs import BUCKET, OPTIONS, gcs_env, gcs_server
 from tests.s3 import environ

@@ -12,10 +12,10 @@ import pytest
 
 from jupyter_gpucr.core.checkpointer import Checkpointer
 from jupyter_gpucr.core.errors import IncompatibleCheckpointError, PreconditionError
-from jupyter_gpucr.core.objectstore import ObjectStore
-from jupyter_gpucr.core.openfiles import OpenFiles
-from jupyter_gpucr.core.store import Store
-from jupyter_gpucr.core.upload import download, kernels, upload
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore
+from jupyter_gpucr.core.objectstore.transfer import download, kernels, upload
+from jupyter_gpucr.core.storage.openfiles import OpenFiles
+from jupyter_gpucr.core.storage.store import Store
 from tests.conftest import agent_command, ask, wait_for_line
 from tests.s3 import BUCKET, aws_env, environ, moto_server
 

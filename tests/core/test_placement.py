@@ -8,7 +8,7 @@ import pytest
 
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core.errors import IncompatibleCheckpointError, PreconditionError
-from jupyter_gpucr.core.gpus import Gpu, plan_placement
+from jupyter_gpucr.core.gpu.gpus import Gpu, plan_placement
 from tests.core.test_core import start_agent
 
 GIB = 1 << 30
@@ -86,7 +86,7 @@ def test_offloaded_tensors_count_on_their_gpu_as_reported_or_by_their_folder(tmp
     """What a suspended kernel takes back itself after the driver's restore must fit beside it:
     the offload's own report per GPU, or (a checkpoint from before that report) the folder's size
     on the one GPU the kernel used."""
-    from jupyter_gpucr.core.store import Checkpoint
+    from jupyter_gpucr.core.storage.store import Checkpoint
     from jupyter_gpucr.server.engines import _offloaded_by_gpu
 
     tensors = tmp_path / "gpu-tensors"

@@ -6,7 +6,7 @@ import os
 import socket
 import time
 
-from jupyter_gpucr.core.portholders import sockets_on
+from jupyter_gpucr.core.process.portholders import sockets_on
 
 
 def test_every_socket_on_a_port_is_found_with_its_process() -> None:

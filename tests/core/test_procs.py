@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from jupyter_gpucr.core.procs import tcp_connections_to
+from jupyter_gpucr.core.process.procs import tcp_connections_to
 
 PEER = """
 import socket, sys, time

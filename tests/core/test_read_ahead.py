@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import pagecache
+from jupyter_gpucr.core.storage import pagecache
 from tests.pagecache import evict, resident_fraction
 
 #: Of the files, what must be in the page cache after reading ahead: clean pages may be reclaimed

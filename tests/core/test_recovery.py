@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.core.criu import dump_id, network_lock_tables
+from jupyter_gpucr.core.criu.commands import dump_id, network_lock_tables
 from tests.conftest import ask
 from tests.core.test_core import gpucr, start_agent
 
@@ -145,8 +145,8 @@ def test_new_restore_recovers_an_interrupted_one_first(agent, store_dir):
 def test_a_dump_finished_before_the_kill_is_committed_without_a_broken_cpu_record(agent, store_dir, cpuinfo):
     """Killed after CRIU finished but while the node's CPU record was being kept: recovery commits
     the dump without a broken record, and it restores (on this boot no CPU check is needed)."""
-    from jupyter_gpucr.core import nodecompat
-    from jupyter_gpucr.core.store import MANIFEST
+    from jupyter_gpucr.core.criu import nodecompat
+    from jupyter_gpucr.core.storage.store import MANIFEST
 
     cr = Checkpointer(store_dir)
     ckpt = cr.checkpoint(NAME)

@@ -15,7 +15,7 @@ import pytest
 
 from jupyter_gpucr import Checkpointer
 from jupyter_gpucr.core.errors import BusyError
-from jupyter_gpucr.core.locks import exclusive
+from jupyter_gpucr.core.storage.locks import exclusive
 from tests.conftest import gone
 from tests.core.test_core import start_agent
 

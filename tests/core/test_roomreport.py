@@ -2,8 +2,8 @@
 GPU) and a server's room report: each GPU once, the server's share where it gave one."""
 from __future__ import annotations
 
-from jupyter_gpucr.core.gpus import Gpu
-from jupyter_gpucr.core.roomreport import memory_lines, memory_section
+from jupyter_gpucr.core.gpu.gpus import Gpu
+from jupyter_gpucr.core.gpu.roomreport import memory_lines, memory_section
 
 GiB = 1 << 30
 H200 = Gpu(0, "GPU-a", "NVIDIA H200", 141 * GiB, 75 * GiB, 66 * GiB)

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("s3fs")
 
-from jupyter_gpucr.core import s3threads  # noqa: E402
-from jupyter_gpucr.core.objectstore import ObjectStore  # noqa: E402
+from jupyter_gpucr.core.objectstore import s3threads  # noqa: E402
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore  # noqa: E402
 
 
 def test_settings_come_from_store_options():

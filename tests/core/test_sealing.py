@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core.sealing import EncryptionKeyError, load_key
+from jupyter_gpucr.core.objectstore.sealing import EncryptionKeyError, load_key
 
 
 def test_a_key_made_as_the_docs_say_loads_in_each_format(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.core.checksums import digest_tree
-from jupyter_gpucr.core.criu import DUMP_DONE
+from jupyter_gpucr.core.criu.commands import DUMP_DONE
 from jupyter_gpucr.core.errors import CheckpointDamagedError, StateError
-from jupyter_gpucr.core.store import INTENT, MANIFEST, Store
+from jupyter_gpucr.core.storage.checksums import digest_tree
+from jupyter_gpucr.core.storage.store import INTENT, MANIFEST, Store
 from tests.conftest import ask
 from tests.core.test_core import gpucr, start_agent
 

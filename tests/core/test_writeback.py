@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import writeback
-from jupyter_gpucr.core.writeback import WritebackWhileWriting
+from jupyter_gpucr.core.storage import writeback
+from jupyter_gpucr.core.storage.writeback import WritebackWhileWriting
 from tests.pagecache import block_device_stat, device_counters
 
 MIB = 1 << 20

@@ -28,7 +28,7 @@ import pytest
 
 from jupyter_gpucr.core.checkpointer import Checkpointer
 from jupyter_gpucr.core.errors import AccessRefusedError
-from jupyter_gpucr.core.store import Store
+from jupyter_gpucr.core.storage.store import Store
 from jupyter_gpucr.daemon.guard import Owner, RestoreGuard
 from tests import hub as H
 from tests.conftest import AGENTS, ask, criu_or_skip, wait_for_line

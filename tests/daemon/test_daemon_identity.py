@@ -35,9 +35,9 @@ from typing import Any
 import pytest
 
 from jupyter_gpucr.core.errors import AccessRefusedError
-from jupyter_gpucr.core.holder import first_workload_pid
-from jupyter_gpucr.core.identity import ProcId
-from jupyter_gpucr.core.launcher import HOLDER
+from jupyter_gpucr.core.process.holder import first_workload_pid
+from jupyter_gpucr.core.process.identity import ProcId
+from jupyter_gpucr.core.process.launcher import HOLDER
 from jupyter_gpucr.daemon.guard import Owner
 from jupyter_gpucr.daemon.ownership import freeze_checked
 from tests import hub as H

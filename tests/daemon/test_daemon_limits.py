@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jupyter_gpucr.core.criu import drop_network_locks, dump_id, network_lock_tables
+from jupyter_gpucr.core.criu.commands import drop_network_locks, dump_id, network_lock_tables
 from jupyter_gpucr.daemon.quotas import disk_usage
 from tests import hub as H
 from tests.conftest import criu_or_skip

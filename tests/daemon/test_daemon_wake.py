@@ -65,8 +65,8 @@ def test_a_users_idle_agent_is_paused_and_woken_through_the_daemon(daemon: H.Dae
     port = H.free_port()
     H.as_user(USER, f"""
 import json, sys
-from jupyter_gpucr.core.activation import WakeOn
-from jupyter_gpucr.core.waker import start_waker
+from jupyter_gpucr.core.pausing.activation import WakeOn
+from jupyter_gpucr.core.pausing.waker import start_waker
 from jupyter_gpucr.daemon.client import DaemonCheckpointer
 cr = DaemonCheckpointer({str(store)!r}, {str(daemon.socket)!r})
 cr.run("web", [sys.executable, {AGENT!r}, "{port}", "10"], cwd={user.pw_dir!r})

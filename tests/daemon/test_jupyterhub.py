@@ -22,7 +22,7 @@ import pytest
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from jupyter_gpucr.core.store import read_record
+from jupyter_gpucr.core.storage.store import read_record
 from tests import hub as H
 from tests.kernel_ws import collect, request, send
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jupyter_gpucr.core.store import read_record
+from jupyter_gpucr.core.storage.store import read_record
 from tests import hub as H
 from tests.agent_servers import Served, kernel_processes
 from tests.conftest import criu_or_skip

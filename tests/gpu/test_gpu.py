@@ -10,7 +10,7 @@ import time
 import pytest
 
 from jupyter_gpucr import Checkpointer
-from jupyter_gpucr.core import cuda, gpus
+from jupyter_gpucr.core.gpu import cuda, gpus
 from tests.conftest import agent_command, ask, criu_or_skip, wait_for_line
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]

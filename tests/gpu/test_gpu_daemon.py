@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import cuda, gpus
-from jupyter_gpucr.core.store import read_record
+from jupyter_gpucr.core.gpu import cuda, gpus
+from jupyter_gpucr.core.storage.store import read_record
 from tests import hub as H
 from tests.conftest import agent_command, ask, criu_or_skip, wait_for_line
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jupyter_gpucr.core import cuda, gpus
+from jupyter_gpucr.core.gpu import cuda, gpus
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
 

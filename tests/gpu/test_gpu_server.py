@@ -16,7 +16,7 @@ import pytest
 from gpucr_hooks.idle import IDLE_S
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpucr.core import cuda, gpus
+from jupyter_gpucr.core.gpu import cuda, gpus
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
 from tests.server.test_server_faults import kill_9_during_suspends_and_restores

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import cuda, gpus
+from jupyter_gpucr.core.gpu import cuda, gpus
 from tests.agent_servers import Served, kill_all
 from tests.kernel_ws import execute
 

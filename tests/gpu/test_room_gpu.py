@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from jupyter_gpucr.core import cuda, gpus
-from jupyter_gpucr.core.roomreport import memory_section, place_line
+from jupyter_gpucr.core.gpu import cuda, gpus
+from jupyter_gpucr.core.gpu.roomreport import memory_section, place_line
 from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID, WAITING
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute

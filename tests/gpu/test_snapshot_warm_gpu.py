@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from jupyter_gpucr.core import gpus
+from jupyter_gpucr.core.gpu import gpus
 from jupyter_gpucr.server.provisioner import GPUCRProvisioner
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, new_session, open_ws

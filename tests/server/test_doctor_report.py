@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import gpus
+from jupyter_gpucr.core.gpu import gpus
 from jupyter_gpucr.core.hostmemory import free_page_reporting
 from tests.conftest import criu_or_skip
 from tests.server.test_server import fetch_json

@@ -30,7 +30,9 @@ def _imports(module: str) -> set[str]:
 
 
 def _modules(layer: str) -> list[str]:
-    return [f"jupyter_gpucr.{layer}.{p.stem}" for p in sorted((PACKAGE / layer).glob("*.py")) if p.stem != "__init__"]
+    """Every module of ``layer``, those of its subpackages included."""
+    return [".".join(("jupyter_gpucr", *p.relative_to(PACKAGE).with_suffix("").parts))
+            for p in sorted((PACKAGE / layer).rglob("*.py")) if p.stem != "__init__"]
 
 
 def test_the_server_imports_nothing_from_the_cli():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpucr.core.objectstore import ObjectStore
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore
 from tests.agent_servers import Served, kill_all
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute

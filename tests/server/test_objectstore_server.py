@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpucr.core.objectstore import ObjectStore
-from jupyter_gpucr.core.sealing import load_key
-from jupyter_gpucr.core.upload import completed
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore
+from jupyter_gpucr.core.objectstore.sealing import load_key
+from jupyter_gpucr.core.objectstore.transfer import completed
 from tests.agent_servers import Served, kill_all
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute, saved_history

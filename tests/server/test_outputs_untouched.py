@@ -10,7 +10,7 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
-from jupyter_gpucr.core.procs import is_alive
+from jupyter_gpucr.core.process.procs import is_alive
 from tests.conftest import criu_or_skip
 
 pytestmark = pytest.mark.timeout(180)

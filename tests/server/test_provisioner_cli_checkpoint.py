@@ -16,7 +16,7 @@ import nbformat
 import psutil
 import pytest
 
-from jupyter_gpucr.core.store import Store
+from jupyter_gpucr.core.storage.store import Store
 from tests.conftest import criu_or_skip
 
 pytestmark = pytest.mark.timeout(120)

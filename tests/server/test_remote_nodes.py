@@ -12,7 +12,7 @@ import time
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpucr.core.objectstore import ObjectStore
+from jupyter_gpucr.core.objectstore.bucket import ObjectStore
 from tests.agent_servers import Served, kernel_processes, kill_all
 from tests.conftest import criu_or_skip
 from tests.cpuinfo import missing_here, with_feature

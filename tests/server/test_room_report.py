@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpucr.core import gpus
+from jupyter_gpucr.core.gpu import gpus
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute, request, send
 from tests.server.test_server_lifecycle import RealServer

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpucr.core.store import MANIFEST
+from jupyter_gpucr.core.storage.store import MANIFEST
 from jupyter_gpucr.server.lifecycle import EVENT_SCHEMA_ID
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import collect, message, request, send

@@ -5,7 +5,7 @@ import os
 
 from jupyter_client.manager import start_new_async_kernel
 
-from jupyter_gpucr.core.procs import in_own_pidns
+from jupyter_gpucr.core.process.procs import in_own_pidns
 from jupyter_gpucr.server.provisioner import GPUCRProvisioner
 
 

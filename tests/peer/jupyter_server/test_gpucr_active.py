@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from jupyter_gpucr.core.procs import in_own_pidns
+from jupyter_gpucr.core.process.procs import in_own_pidns
 from jupyter_gpucr.server.kernelmanager import GPUCRMappingKernelManager
 from jupyter_gpucr.server.provisioner import GPUCRProvisioner
 

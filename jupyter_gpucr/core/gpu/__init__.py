@@ -1,0 +1,1 @@
+"""The GPU: the CUDA driver's checkpoint API, NVML discovery and placement, the room report."""
