@@ -519,5 +519,6 @@ export function addCommands(ctx: ICommandContext): void {
     commands.notifyCommandChanged(CommandIDs.resume);
   };
   model.kernelChanged.connect(refreshEnabled);
+  model.busyChanged.connect(refreshEnabled);
   tracker.currentChanged.connect(refreshEnabled);
 }

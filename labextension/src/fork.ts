@@ -125,5 +125,6 @@ export function addForkCommand(ctx: IForkContext): void {
   // In step with the kernel state, as the suspend button is.
   const refreshEnabled = () => commands.notifyCommandChanged(CommandIDs.fork);
   model.kernelChanged.connect(refreshEnabled);
+  model.busyChanged.connect(refreshEnabled);
   tracker.currentChanged.connect(refreshEnabled);
 }

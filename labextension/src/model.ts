@@ -66,6 +66,15 @@ export class GpucrModel implements IDisposable {
     return this._kernelChanged;
   }
 
+  /**
+   * Emitted with the kernel's id when an operation of this browser on it
+   * starts or ends (`isBusy`): its reply may say what the events said, so
+   * that no state changes then.
+   */
+  get busyChanged(): ISignal<this, string> {
+    return this._busyChanged;
+  }
+
   /** Emitted when anything in the model changes. */
   get changed(): ISignal<this, void> {
     return this._changed;
@@ -335,12 +344,13 @@ export class GpucrModel implements IDisposable {
     request: () => Promise<IKernelState>
   ): Promise<IKernelState> {
     this._store.begin(kernelId, operation);
+    this._busyChanged.emit(kernelId);
     try {
       const state = await request();
-      this._store.end(kernelId);
+      this._endOperation(kernelId);
       return this._store.applyReply(kernelId, state);
     } catch (error) {
-      this._store.end(kernelId);
+      this._endOperation(kernelId);
       if (!(error instanceof GpucrRequestError && error.isBusy)) {
         this._store.applyFailure(
           kernelId,
@@ -352,6 +362,11 @@ export class GpucrModel implements IDisposable {
     } finally {
       this._afterOperation();
     }
+  }
+
+  private _endOperation(kernelId: string): void {
+    this._store.end(kernelId);
+    this._busyChanged.emit(kernelId);
   }
 
   /** The lists the side panel shows may have changed: fetch them while it shows them. */
@@ -394,6 +409,7 @@ export class GpucrModel implements IDisposable {
   private _watched = new Set<string>();
   private _isDisposed = false;
   private readonly _kernelChanged = new Signal<this, IKernelTransition>(this);
+  private readonly _busyChanged = new Signal<this, string>(this);
   private readonly _changed = new Signal<this, void>(this);
 }
 

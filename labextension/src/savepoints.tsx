@@ -192,6 +192,7 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
   const refreshEnabled = () =>
     commands.notifyCommandChanged(SavePointCommandIDs.save);
   model.kernelChanged.connect(refreshEnabled);
+  model.busyChanged.connect(refreshEnabled);
   tracker.currentChanged.connect(refreshEnabled);
 }
 

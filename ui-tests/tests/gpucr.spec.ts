@@ -3,7 +3,8 @@
  * suspended with the toolbar button, its process is gone, running a cell
  * brings it back with its variables (and nothing of gpucr in the cell's
  * output), and its checkpoint, kept on disk after the restore, is deleted
- * from the side panel.
+ * from the side panel. The server's events carry the kernel's whole state:
+ * the page never asks for this kernel's state alone meanwhile.
  */
 import { expect, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
@@ -31,6 +32,13 @@ test.describe('gpucr with the real server extension', () => {
     await page.notebook.setCell(0, 'code', 'x = 42');
     await page.notebook.run();
     const kernelId = await currentKernelId(page);
+    const askedAlone: string[] = [];
+    page.on('request', request => {
+      const path = new URL(request.url()).pathname;
+      if (path.endsWith(`/api/gpucr/kernels/${kernelId}`)) {
+        askedAlone.push(`${request.method()} ${path}`);
+      }
+    });
 
     const status = page.locator('.jp-gpucr-Status');
     await expect(status).toHaveAttribute('data-state', 'running');
@@ -118,6 +126,8 @@ test.describe('gpucr with the real server extension', () => {
       'restoring',
       'running'
     ]);
+    // Suspended, restoring, running: each from an event, none fetched after it.
+    expect(askedAlone).toEqual([]);
     await shot(page, 'real-restored');
 
     // The checkpoint stays on disk after the restore, listed apart from the
