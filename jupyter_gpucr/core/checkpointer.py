@@ -358,7 +358,7 @@ class Checkpointer:
                 f"Not enough host memory to stage {gpu_bytes >> 20} MiB of GPU memory ({avail >> 20} MiB available). "
                 "The process was left running.", "Free host memory and try again.")
 
-    def _intent(self, name: str, rec: ProcRecord, pid: int, ns_pid: int, cuda_ns_pids: list[int], used: list[dict[str, Any]],
+    def _intent(self, name: str, rec: ProcRecord, pid: int, ns_pid: int, cuda_ns_pids: list[int], used: list[gpus.GpuUse],
                 machine_gpus: list[gpus.Gpu], reason: str, leave_running: bool, extra: dict[str, Any]) -> Manifest:
         """Everything the manifest holds that is known before the dump (all but files, size, timings)."""
         return cast(Manifest, {

@@ -1,7 +1,8 @@
 """Kernel Gateway's websocket personality with what gpucr's server extension adds to a jupyter
 server (see :mod:`jupyter_gpucr.server.app`): the kernel manager and websocket connection
 class, ``/api/gpucr/``, kernels of an earlier gateway listed again before kernel requests are
-answered, idle suspension, and every kernel suspended before the gateway stops."""
+answered, idle suspension, and every kernel suspended before the gateway stops: the same runtime
+(``server/runtime.py``) and the same routes, with the gateway's own rules."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +12,7 @@ from typing import Any
 from kernel_gateway.jupyter_websocket import JupyterWebsocketPersonality
 from kernel_gateway.mixins import CORSMixin, TokenAuthorizationMixin
 from kernel_gateway.services.kernels.manager import SeedingMappingKernelManager
+from tornado import web
 
 from ..core.gpu import cuda
 from ..server.backend_choice import choose_backend
@@ -18,7 +20,7 @@ from ..server.config import GPUCR
 from ..server.kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from ..server.readiness import Readiness
 from ..server.routes import routes
-from ..server.service import KernelSuspender
+from ..server.runtime import GPUCRRuntime
 from ..server.websocket import GPUCRWebsocketConnection
 from .manager import GatewayKernelManager
 
@@ -54,7 +56,7 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
                         f"{app.kernel_websocket_connection_class.__name__}, and gpucr needs its own to keep "
                         "websockets open while a kernel is on disk.", "Remove that setting.")
             app.kernel_websocket_connection_class = GatewayWebsocketConnection
-        self.service: KernelSuspender = self.kernel_manager.suspender
+        self.runtime: GPUCRRuntime = self.kernel_manager.runtime
         self.readiness = Readiness(app.base_url)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             # Without a terminal Kernel Gateway leaves SIGINT to Python, whose KeyboardInterrupt ends
@@ -64,40 +66,42 @@ class GPUCRPersonality(JupyterWebsocketPersonality):
         app.io_loop.add_callback(self._start)
 
     def create_request_handlers(self) -> list[tuple[Any, ...]]:
-        """Kernel Gateway's handlers, and gpucr's behind the gateway's token and CORS headers."""
+        """Kernel Gateway's handlers, and gpucr's behind the gateway's token, CORS headers and
+        listing rule."""
         base = self.parent.base_url.rstrip("/")
-        ours = [(pattern, type(cls.__name__, (TokenAuthorizationMixin, CORSMixin, cls), {}))
+        ours = [(pattern, type(cls.__name__, (TokenAuthorizationMixin, CORSMixin, GatewayListingRule, cls), {}))
                 for pattern, cls in routes(f"{base}/api/gpucr")]
         return ours + super().create_request_handlers()
 
     async def _start(self) -> None:
         app = self.parent
-        app.web_app.settings["gpucr"] = self.service
+        app.web_app.settings["gpucr"] = self.runtime
         self.readiness.hold_requests(app.web_app)
         asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
-        backend = self.service.backend
-        if backend.kind == "none":
-            self.log.warning("gpucr: only the snapshot engine can suspend kernels: %s. Run 'gpucr doctor' as this "
-                             "user; docs/jupyterhub.md says how the gpucr daemon gives the whole-process engine.",
-                             backend.why)
-        else:
-            self.log.info("gpucr: whole-process engine: %s", backend.why)
-        await self.readiness.open_after(self.service.relist_at_start, self.log)
-        self.service.start_checks()
+        self.runtime.log_engine(kernels_start_stock=False)
+        await self.runtime.start(self.readiness)
 
     async def shutdown(self) -> None:
         """Kernel Gateway shuts every kernel down when it stops: put them on disk first, where
         the next gateway with this store lists them again."""
-        self.service.stop_checks()
-        self.service.stopping = True
-        if self.service.options.suspend_on_stop:
-            failures = await self.service.suspend_all("server-stop")
-            for kernel_id, why in failures.items():
-                self.log.error("gpucr: kernel %s could not be suspended and stops with the gateway (its state is "
-                               "lost): %s", kernel_id, why)
-            on_disk = self.kernel_manager.lifecycle.kernel_ids_in("suspended")
-            self.log.info("gpucr: %d kernel(s) are on disk for the next start", len(on_disk))
+        await self.runtime.stop("gateway")
         await super().shutdown()
+
+
+class GatewayListingRule:
+    """Kernel Gateway's own rule for listing kernels, on gpucr's routes too: with
+    ``KernelGatewayApp.list_kernels=False`` (its default) ``GET /api/kernels`` answers 403, and so
+    does every gpucr GET that lists kernels (their ids, labels, checkpoints); a caller who knows a
+    kernel's id still reaches it."""
+
+    settings: dict[str, Any]
+    request: Any
+    lists_kernels: bool
+
+    def prepare(self) -> Any:
+        if self.lists_kernels and self.request.method == "GET" and not self.settings.get("kg_list_kernels"):
+            raise web.HTTPError(403, "Forbidden: this gateway does not list kernels (KernelGatewayApp.list_kernels).")
+        return super().prepare()  # type: ignore[misc]
 
 
 def _gpucr_kernel_manager(app: Any) -> GPUCRMappingKernelManager:

@@ -1,6 +1,7 @@
 """The jupyter_server extension: installs gpucr's kernel manager, websocket connection and REST
-handlers, lists the kernels an earlier server left before it answers for kernels, runs the idle
-checker, and suspends every kernel before the server stops.
+handlers, and starts and stops gpucr's runtime (``runtime.py``: the kernels an earlier server left
+listed before kernel requests are answered, the idle and memory checks, every kernel suspended
+before the server stops), as the Kernel Gateway personality does.
 Configuration lives in :class:`jupyter_gpucr.server.config.GPUCR`."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .kernelmanager import PROVISIONER, GPUCRMappingKernelManager
 from .readiness import Readiness
 from .remote import remote_url, store_keys
 from .routes import routes
-from .service import KernelSuspender
+from .runtime import GPUCRRuntime
 from .websocket import GPUCRWebsocketConnection
 
 KM_CLASS = f"{GPUCRMappingKernelManager.__module__}.{GPUCRMappingKernelManager.__name__}"
@@ -29,7 +30,7 @@ KM_CLASS = f"{GPUCRMappingKernelManager.__module__}.{GPUCRMappingKernelManager._
 class GPUCRApp(ExtensionApp):
     name = "jupyter_gpucr"
     description = "Suspend Jupyter kernels to disk and restore them on demand."
-    service: KernelSuspender | None = None  # None when the server was refused before gpucr loaded
+    runtime: GPUCRRuntime | None = None  # None when the server was refused before gpucr loaded
     readiness: Readiness | None = None
 
     def _link_jupyter_server_extension(self, serverapp: Any) -> None:
@@ -59,17 +60,17 @@ class GPUCRApp(ExtensionApp):
             self._refuse(f"The server runs kernel manager {type(km).__name__}, not gpucr's: another extension or "
                          "a configuration replaced it after gpucr was linked.",
                          "Remove the other ServerApp.kernel_manager_class setting, or disable gpucr.")
-        self.service = km.suspender
-        self.settings["gpucr"] = self.service
+        self.runtime = km.runtime
+        self.settings["gpucr"] = self.runtime
         # What JupyterLab says about the trash (labextension/src/serverconfig.ts reads it).
         page_config = self.serverapp.web_app.settings.setdefault("page_config_data", {})
-        page_config["gpucrTrashHours"] = f"{self.service.options.trash_hours:g}"
+        page_config["gpucrTrashHours"] = f"{self.runtime.options.trash_hours:g}"
         # Before the server's HTTP server exists (it is made after the extensions are loaded),
         # and listed as soon as the event loop runs (jupyter_server starts extensions only after
         # it has started serving, and servers embedded in tests never do).
         self.readiness = Readiness(self.serverapp.base_url)
         self.readiness.hold_requests(self.serverapp.web_app)
-        self.serverapp.io_loop.add_callback(self.readiness.open_after, self.service.relist_at_start, self.log)
+        self.serverapp.io_loop.add_callback(self.runtime.start, self.readiness)
 
     def _check_encryption_key(self, config: GPUCR) -> None:
         """A key file (current or previous) that is missing or open to others stops the server, rather
@@ -97,21 +98,10 @@ class GPUCRApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         # Initialise the CUDA driver (where there is one) now, not during the first suspend.
         asyncio.get_running_loop().run_in_executor(None, cuda.unavailable_reason)
-        self._log_backend()
+        assert self.runtime is not None
+        self.runtime.log_engine(self.runtime.options.checkpointable_kernels)
         self._check_stop_budget()
         self._stop_on_sigint()
-        await self.readiness.wait()  # not an idle check before the kernels of an earlier server are listed
-        self.service.start_checks()
-
-    def _log_backend(self) -> None:
-        backend = self.service.backend
-        if backend.kind != "none":
-            self.log.info("gpucr: whole-process engine: %s", backend.why)
-            return
-        stock = " (kernels start the stock way)" if self.service.options.checkpointable_kernels else ""
-        self.log.warning("gpucr: only the snapshot engine can suspend kernels%s: %s. Run 'gpucr doctor' as this user; "
-                         "docs/jupyterhub.md says how the gpucr daemon gives such a server the whole-process engine.",
-                         stock, backend.why)
 
     def _stop_on_sigint(self) -> None:
         """LocalProcessSpawner stops a server with SIGINT. jupyter_server handles SIGINT only when
@@ -123,7 +113,8 @@ class GPUCRApp(ExtensionApp):
     def _check_stop_budget(self) -> None:
         """A spawner kills a server that takes longer to stop than it allows: kernels not on disk by
         then are lost. JupyterHub does not tell the server its timeout, so the admin does."""
-        options = self.service.options
+        assert self.runtime is not None
+        options = self.runtime.options
         if not options.suspend_on_stop:
             return
         limit = options.spawner_stop_timeout
@@ -139,19 +130,8 @@ class GPUCRApp(ExtensionApp):
 
     async def stop_extension(self) -> None:
         """Runs before jupyter_server shuts kernels down: suspend them all first."""
-        self.service.stop_checks()
-        if self.service is None:
-            return
-        self.service.stopping = True
-        await self.service.warm.drop_all()  # processes started ahead of restores: their kernels stay on disk
-        if not self.service.options.suspend_on_stop:
-            return
-        failures = await self.service.suspend_all("server-stop")
-        for kernel_id, why in failures.items():
-            self.log.error("gpucr: kernel %s could not be suspended and stops with the server (its state is lost): %s",
-                           kernel_id, why)
-        on_disk = self.serverapp.kernel_manager.lifecycle.kernel_ids_in("suspended")
-        self.log.info("gpucr: %d kernel(s) are on disk for the next start", len(on_disk))
+        if self.runtime is not None:
+            await self.runtime.stop("server")
 
 
 def _is_gpucr_manager(value: Any) -> bool:

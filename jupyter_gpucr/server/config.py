@@ -239,7 +239,9 @@ class GPUCR(Configurable):
         2.0, min=0.1, config=True,
         help="Seconds between checks of host_memory_budget while kernels run: kernels grow after they start or "
         "come back (a cell that loads data), and when what they hold passes the budget, idle kernels are suspended, "
-        "least recently used first and as room_policy and min_resident_s allow, until it holds again.",
+        "least recently used first and as room_policy and min_resident_s allow, until it holds again. The budget is "
+        "also checked when a cell ends and when memory comes under pressure (the server's memory cgroup, else the "
+        "host), between these checks.",
     )
     min_resident_s = Float(
         300.0, config=True,

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -34,12 +34,12 @@ from .kernel_rpc import SNAPSHOT_PAYLOAD
 from .loopstep import LoopStep
 from .ports import HeldPorts
 from .provisioner import GPUCRProvisioner
+from .records import EngineName
 
 if TYPE_CHECKING:
     from .warm import WarmStarts
 
 Progress = Callable[[str, int, int], None]
-Detach = Callable[[], Coroutine[Any, Any, None]]
 
 #: The folder where a kernel's offloaded GPU tensors wait for its restore (beside its process files).
 OFFLOAD_DIR = "gpu-tensors"
@@ -56,10 +56,29 @@ class Resumed:
     warnings: list[str] = field(default_factory=list)
 
 
+class Suspension(ABC):
+    """One suspend under way, in the order the suspender awaits it: :meth:`detachable`, then (the
+    server's connections to the kernel closed) :meth:`finish`; or :meth:`abandon` instead of
+    ``finish`` when the kernel is to run on."""
+
+    @abstractmethod
+    async def detachable(self) -> None:
+        """Return once the kernel may no longer talk to the server (what it must say is saved, its
+        GPU free, it is not frozen yet); raise when the checkpoint failed before: the kernel runs."""
+
+    @abstractmethod
+    async def finish(self) -> Checkpoint:
+        """The complete checkpoint; the kernel's process is stopped. On failure the kernel runs."""
+
+    @abstractmethod
+    async def abandon(self, why: BaseException) -> None:
+        """The kernel runs on (detaching it failed, or the suspend was cancelled): no checkpoint is kept."""
+
+
 class SuspendEngine(ABC):
     """Suspend a running kernel to a checkpoint and bring it back from one."""
 
-    name: str
+    name: EngineName
     #: How the UI and messages call it.
     label: str
 
@@ -71,11 +90,8 @@ class SuspendEngine(ABC):
         """Why this engine cannot suspend the kernel behind ``km``; None when it can."""
 
     @abstractmethod
-    async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
-                      detach: Detach) -> Checkpoint:
-        """Write a complete checkpoint, then stop the kernel process. ``detach`` closes the
-        server's connections to the kernel; the engine awaits it when the kernel may no longer
-        talk to the server. On failure the kernel runs (reattached by the caller)."""
+    def begin(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress) -> Suspension:
+        """Start writing the kernel's checkpoint; the suspender takes it from there (:class:`Suspension`)."""
 
     @abstractmethod
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
@@ -103,34 +119,10 @@ class CriuEngine(SuspendEngine):
             return "the kernel was not launched by the gpucr provisioner (c.GPUCR.checkpointable_kernels)"
         return self.checkpointer.unavailable_reason()
 
-    async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
-                      detach: Detach) -> Checkpoint:
+    def begin(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress) -> Suspension:
         channels = {c: getattr(km, f"{c}_port") for c in ("shell", "iopub", "stdin", "hb", "control")}
         held = self.ports.take(kernel_id, km.provisioner.kernel_pid, km.ip, channels) if km.transport == "tcp" else {}
-        try:
-            ckpt = await self._dump(kernel_id, km, reason, {**extra, **held}, progress, detach)
-        except BaseException:  # the kernel runs (or was restored anew): its own sockets hold its ports
-            self.ports.release(kernel_id)
-            raise
-        self.ports.watch(kernel_id)
-        km.provisioner.mark_suspended()
-        await km.provisioner.cleanup(restart=True)
-        return ckpt
-
-    async def _dump(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
-                    detach: Detach) -> Checkpoint:
-        # Both backends stop there once the GPU is free, before CRIU freezes the kernel; the
-        # tensors the kernel wrote beside the image reach the disk while CRIU dumps.
-        gpu_free = LoopStep()
-        dump = asyncio.ensure_future(asyncio.to_thread(
-            self.checkpointer.checkpoint, kernel_id, False, reason, extra, progress, gpu_free,
-            [self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR]))
-        await gpu_free.take(detach, dump)  # the server's connections close (their FINs go out) before the freeze
-        try:
-            return await dump
-        except PutBackError as e:  # the dump finished, the commit failed: the process was restored anew
-            km.provisioner.adopt(e.started)
-            raise
+        return _CriuSuspension(self, kernel_id, km, reason, {**extra, **held}, progress)
 
     async def resume(self, kernel_id: str, km: Any, ckpt: Checkpoint, gpu: str, progress: Progress) -> Resumed:
         tensors = self.checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR
@@ -213,20 +205,8 @@ class SnapshotEngine(SuspendEngine):
     def problem(self, km: Any) -> str | None:
         return None
 
-    async def suspend(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress,
-                      detach: Detach) -> Checkpoint:
-        progress("dumping", 0, 0)
-        ckpt = await self._save(km, kernel_id, {**extra, "reason": reason})  # the kernel still runs if this fails
-        await detach()
-        old = _processes_of(km)
-        await km.stop_process()  # jupyter_client's waits are bounded: it may return before the process is gone
-        await _until_gone(old, ckpt)
-        if isinstance(km.provisioner, GPUCRProvisioner):
-            km.provisioner.mark_suspended()
-        self.checkpointer.store.write_proc(kernel_id, {
-            "name": kernel_id, "state": "checkpointed", "engine": self.name, "checkpoint": ckpt.id, "pid": None,
-            "suspended_at": time.time(), "uid": os.getuid()})
-        return ckpt
+    def begin(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress) -> Suspension:
+        return _SnapshotSuspension(self, kernel_id, km, {**extra, "reason": reason}, progress)
 
     async def _save(self, km: Any, kernel_id: str, extra: dict[str, Any]) -> Checkpoint:
         store = self.checkpointer.store
@@ -267,7 +247,7 @@ class SnapshotEngine(SuspendEngine):
         warm = self.warm is not None and await self.warm.take(kernel_id, ckpt)
         if not warm:
             if isinstance(km.provisioner, GPUCRProvisioner):
-                km.provisioner.suspended = False
+                km.provisioner.expect_launch()
             # jupyter_client keeps the first launch's arguments (cwd, env) only in this private
             # attribute (checked against jupyter_client 8.10); a fresh start must reuse them.
             await km.start_kernel(**(km._launch_args or {}))
@@ -288,6 +268,81 @@ class SnapshotEngine(SuspendEngine):
         timings = {"verify": t1 - t0, "kernel_start": t2 - t1, "load": t3 - t2, "total": t3 - t0, "warm_start": warm,
                    **{f"in_kernel_{k}": v for k, v in report.get("timings", {}).items()}}
         return Resumed(timings, report.get("lost", []), report.get("warnings", []))
+
+
+class _CriuSuspension(Suspension):
+    """CRIU dumps in a thread, which stops once the GPU is free, before CRIU freezes the kernel (both
+    backends stop there); the tensors the kernel wrote beside the image reach the disk while CRIU dumps."""
+
+    def __init__(self, engine: CriuEngine, kernel_id: str, km: Any, reason: str, extra: dict[str, Any],
+                 progress: Progress) -> None:
+        self.engine, self.kernel_id, self.km = engine, kernel_id, km
+        checkpointer = engine.checkpointer
+        self.gpu_free = LoopStep()
+        self.dump = asyncio.ensure_future(asyncio.to_thread(
+            checkpointer.checkpoint, kernel_id, False, reason, extra, progress, self.gpu_free,
+            [checkpointer.store.proc_dir(kernel_id) / OFFLOAD_DIR]))
+
+    async def detachable(self) -> None:
+        try:
+            await self.gpu_free.reached(self.dump)
+        except BaseException:
+            self.engine.ports.release(self.kernel_id)  # the kernel runs: its own sockets hold its ports
+            raise
+
+    async def finish(self) -> Checkpoint:
+        self.gpu_free.go_on()  # the server's connections are closed (their FINs went out) before the freeze
+        try:
+            ckpt = await self.dump
+        except PutBackError as e:  # the dump finished, the commit failed: the process was restored anew
+            self.km.provisioner.adopt(e.started)
+            self.engine.ports.release(self.kernel_id)
+            raise
+        except BaseException:
+            self.engine.ports.release(self.kernel_id)
+            raise
+        self.engine.ports.watch(self.kernel_id)
+        self.km.provisioner.mark_suspended()
+        await self.km.provisioner.cleanup(restart=True)
+        return ckpt
+
+    async def abandon(self, why: BaseException) -> None:
+        self.gpu_free.refuse(why)
+        try:
+            await self.dump  # fails with ``why``: the kernel was never frozen
+        except BaseException:
+            pass
+        finally:
+            self.engine.ports.release(self.kernel_id)
+
+
+class _SnapshotSuspension(Suspension):
+    """The kernel saves its namespace while it runs; then its process is stopped."""
+
+    def __init__(self, engine: SnapshotEngine, kernel_id: str, km: Any, extra: dict[str, Any],
+                 progress: Progress) -> None:
+        self.engine, self.kernel_id, self.km, self.extra, self.progress = engine, kernel_id, km, extra, progress
+        self.ckpt: Checkpoint | None = None
+
+    async def detachable(self) -> None:
+        self.progress("dumping", 0, 0)
+        self.ckpt = await self.engine._save(self.km, self.kernel_id, self.extra)  # the kernel still runs if this fails
+
+    async def finish(self) -> Checkpoint:
+        assert self.ckpt is not None, "finish() follows detachable()"
+        km, ckpt = self.km, self.ckpt
+        old = _processes_of(km)
+        await km.stop_process()  # jupyter_client's waits are bounded: it may return before the process is gone
+        await _until_gone(old, ckpt)
+        if isinstance(km.provisioner, GPUCRProvisioner):
+            km.provisioner.mark_suspended()
+        self.engine.checkpointer.store.write_proc(self.kernel_id, {
+            "name": self.kernel_id, "state": "checkpointed", "engine": self.engine.name, "checkpoint": ckpt.id,
+            "pid": None, "suspended_at": time.time(), "uid": os.getuid()})
+        return ckpt
+
+    async def abandon(self, why: BaseException) -> None:
+        """The saved variables stay as a checkpoint of a running kernel, as after any failed suspend."""
 
 
 def _processes_of(km: Any) -> list[psutil.Process]:

@@ -32,6 +32,7 @@ from ..core.forks.copies import keep_written_files
 from ..core.storage.store import Checkpoint
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR
+from .kernels import KernelOperations
 
 #: Links to the source's offloaded tensor files, kept for its forks while the source takes the files back.
 FORK_TENSORS = "fork-tensors"
@@ -48,16 +49,16 @@ class SourceCheckpoint:
     tensors: Path | None
     report: dict[str, Any] = field(default_factory=dict)
 
-    def discard(self, service: Any) -> None:
+    def discard(self, ops: KernelOperations) -> None:
         """Delete the checkpoint and the links once the forks are made (or not): neither restores
         anything without the other."""
         if self.tensors is not None:
             shutil.rmtree(self.tensors, ignore_errors=True)
         with contextlib.suppress(NotFoundError):
-            service.store.delete(self.checkpoint.id)
+            ops.store.delete(self.checkpoint.id)
 
 
-async def checkpoint_running(service: Any, kernel_id: str, km: Any, reason: str = "fork",
+async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, reason: str = "fork",
                              extra: dict[str, Any] | None = None, detach: str | None = None) -> SourceCheckpoint:
     """See the module docstring. Raises (the kernel running, with its tensors if at all possible)
     when the checkpoint cannot be made. ``reason`` and ``extra``: the checkpoint's (a save point's
@@ -65,7 +66,7 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any, reason: str 
     execution state, reported meanwhile): the server's own connections to the kernel are closed
     for the dump, as for a suspend, and opened again after it: an image restored under the kernel's own id, in the host's network (a save point gone
     back to), must hold no connection to this server (a fork's namespace cuts them instead)."""
-    store = service.store
+    store = ops.store
     offload_to = store.proc_dir(kernel_id) / OFFLOAD_DIR
     kept = store.proc_dir(kernel_id) / FORK_TENSORS
     shutil.rmtree(kept, ignore_errors=True)  # left by a server that died in the middle of a fork
@@ -73,16 +74,16 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any, reason: str 
     t0 = time.perf_counter()
     ckpt: Checkpoint | None = None
     try:
-        async with _held(service.kernel_manager, kernel_id):
-            moved = await _move_tensors_out(service, km, offload_to)
+        async with _held(ops.kernel_manager, kernel_id):
+            moved = await _move_tensors_out(ops, km, offload_to)
             report.update(moved)
             t1 = time.perf_counter()
             detached = False
             try:
                 if detach is not None:
-                    await service.kernel_manager.detach_kernel(kernel_id, detach)
+                    await ops.kernel_manager.detach_kernel(kernel_id, detach)
                     detached = True
-                ckpt = made = await asyncio.to_thread(service.checkpointer.checkpoint, kernel_id, True, reason,
+                ckpt = made = await asyncio.to_thread(ops.checkpointer.checkpoint, kernel_id, True, reason,
                                                       {**(extra or {}), "offload": moved.get("offload")})
                 report["dump"] = made.manifest.get("timings", {})
                 await asyncio.to_thread(keep_written_files, made, store.proc_dir(kernel_id))
@@ -90,10 +91,10 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any, reason: str 
                     _link_all(offload_to, kept)
             finally:
                 if detached:
-                    await service.kernel_manager.reattach_kernel(kernel_id, wake=False)
+                    await ops.kernel_manager.reattach_kernel(kernel_id, wake=False)
                 t2 = time.perf_counter()
                 report["checkpoint_s"] = round(t2 - t1, 3)
-                report["reload"] = await _tensors_back(service, kernel_id, km, offload_to)
+                report["reload"] = await _tensors_back(ops, kernel_id, km, offload_to)
                 report["reload_s"] = round(time.perf_counter() - t2, 3)
         report["paused_s"] = round(time.perf_counter() - t0, 3)
     except BaseException:
@@ -103,7 +104,7 @@ async def checkpoint_running(service: Any, kernel_id: str, km: Any, reason: str 
                 store.delete(ckpt.id)
         raise
     assert ckpt is not None  # else the checkpoint raised
-    service.log.info("gpucr: kernel %s was paused %.2f s for its %s (%d MiB of GPU tensors moved out and back)",
+    ops.log.info("gpucr: kernel %s was paused %.2f s for its %s (%d MiB of GPU tensors moved out and back)",
                      kernel_id, report["paused_s"], "save point" if reason == "savepoint" else reason, (report.get("offload") or {}).get("bytes", 0) >> 20)
     return SourceCheckpoint(ckpt, kept if kept.is_dir() else None, report)
 
@@ -121,11 +122,11 @@ async def _held(mkm: Any, kernel_id: str) -> AsyncIterator[None]:
         await mkm.wake_connections(kernel_id)
 
 
-async def _move_tensors_out(service: Any, km: Any, offload_to: Path) -> dict[str, Any]:
+async def _move_tensors_out(ops: KernelOperations, km: Any, offload_to: Path) -> dict[str, Any]:
     """Have the kernel trim itself and move its GPU tensors into ``offload_to``, as before a
     suspend. Neither may stop the fork (the driver's checkpoint takes what stays on the GPU), so
     failures only log."""
-    options = service.options
+    options = ops.options
     report: dict[str, Any] = {}
     t0 = time.perf_counter()
     client = kernel_rpc.own_client(km)
@@ -136,21 +137,21 @@ async def _move_tensors_out(service: Any, km: Any, offload_to: Path) -> dict[str
         if options.offload_gpu_tensors:
             report["offload"] = await kernel_rpc.offload(client, offload_to, collect="trim" not in report)
     except Exception as e:
-        service.log.warning("gpucr: the kernel did not move its GPU tensors out before its fork: %s", e)
+        ops.log.warning("gpucr: the kernel did not move its GPU tensors out before its fork: %s", e)
     finally:
         client.stop_channels()
     report["move_out_s"] = round(time.perf_counter() - t0, 3)
     return report
 
 
-async def _tensors_back(service: Any, kernel_id: str, km: Any, offload_to: Path) -> dict[str, Any] | None:
+async def _tensors_back(ops: KernelOperations, kernel_id: str, km: Any, offload_to: Path) -> dict[str, Any] | None:
     """The source takes its GPU tensors back from ``offload_to`` (which the refill deletes)."""
     if not offload_to.is_dir():
         return None
     try:
         return dict(await kernel_rpc.with_client(km, kernel_rpc.reload))
     except Exception as e:
-        service.log.error("gpucr: kernel %s could not take its GPU tensors back after its fork's checkpoint: %s",
+        ops.log.error("gpucr: kernel %s could not take its GPU tensors back after its fork's checkpoint: %s",
                           kernel_id, e)
         raise EngineError(f"The kernel could not take its GPU tensors back after the fork's checkpoint: {e}. "
                           "No fork was made; the kernel runs, without those tensors.",

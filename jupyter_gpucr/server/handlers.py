@@ -1,4 +1,4 @@
-"""REST handlers under /api/gpucr/: thin translations of HTTP into calls on the service.
+"""REST handlers under /api/gpucr/: thin translations of HTTP into calls on gpucr's runtime.
 
 Authenticated like every jupyter_server API handler, and authorized against the ``kernels``
 resource: ``read`` to look, ``execute`` to suspend or resume, ``write`` to delete.
@@ -6,7 +6,7 @@ resource: ``read`` to look, ``execute`` to suspend or resume, ``write`` to delet
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -17,10 +17,10 @@ from ..core.errors import GPUCRError
 from ..core.gpu import gpus
 from ..daemon.client import DaemonClient
 
+if TYPE_CHECKING:
+    from .runtime import GPUCRRuntime
+
 AUTH_RESOURCE = "kernels"
-_KERNEL_ID = r"(?P<kernel_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
-_CHECKPOINT_ID = r"(?P<checkpoint_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
-_TRASH_ID = r"(?P<trash_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
 
 
 class GPUCRHandler(APIHandler):
@@ -29,9 +29,14 @@ class GPUCRHandler(APIHandler):
 
     auth_resource = AUTH_RESOURCE
 
+    #: A GET that lists kernels (their ids, labels, checkpoints): refused where the server does not
+    #: list kernels to its clients (Kernel Gateway's ``list_kernels=False``, see the gateway's rules).
+    lists_kernels = False
+
     @property
-    def service(self) -> Any:
-        return self.settings["gpucr"]
+    def runtime(self) -> GPUCRRuntime:
+        """gpucr's parts for this server (``runtime.py``)."""
+        return cast("GPUCRRuntime", self.settings["gpucr"])
 
     def body(self) -> dict[str, Any]:
         """The request's JSON object; ``{}`` for an empty body."""
@@ -57,15 +62,17 @@ class GPUCRHandler(APIHandler):
             super().log_exception(typ, value, tb)
 
     async def kernel_state(self, kernel_id: str) -> dict[str, Any]:
-        return (await self.service.state(kernel_id)).to_dict()
+        return (await self.runtime.suspender.state(kernel_id)).to_dict()
 
 
 class KernelsHandler(GPUCRHandler):
+    lists_kernels = True
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
         """Every kernel; ``?label=L``: the kernels labelled L (an agent finding its own)."""
-        km = self.service.kernel_manager
+        km = self.runtime.suspender.kernel_manager
         label = self.get_query_argument("label", None)
         states = [await self.kernel_state(k) for k in km.list_kernel_ids()]
         self.finish(json.dumps([s for s in states if label is None or s["label"] == label]))
@@ -76,7 +83,7 @@ class LabelHandler(GPUCRHandler):
     @authorized(action="write")
     async def put(self, kernel_id: str) -> None:
         """Label a kernel after its start (jupyter_server passes no environment from the start request)."""
-        self.service.kernel_manager.set_label(kernel_id, self.body().get("label"))
+        self.runtime.suspender.set_label(kernel_id, self.body().get("label"))
         self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 
@@ -97,7 +104,7 @@ class SuspendHandler(GPUCRHandler):
             raise web.HTTPError(400, f"Unknown engine {engine!r}: use auto, criu or snapshot.")
         if when not in ("now", "idle", "interrupt"):
             raise web.HTTPError(400, f"Unknown 'when' {when!r}: use now, idle (when the cell finishes) or interrupt.")
-        st = await self.service.suspend(kernel_id, reason="manual", engine=engine, when=when)
+        st = await self.runtime.suspender.suspend(kernel_id, reason="manual", engine=engine, when=when)
         self.set_status(202 if st.state == "suspend-pending" else 200)
         self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
@@ -105,7 +112,7 @@ class SuspendHandler(GPUCRHandler):
     @authorized(action="execute")
     async def delete(self, kernel_id: str) -> None:
         """Cancel a suspend that waits for the running cell."""
-        self.service.cancel_pending(kernel_id)
+        self.runtime.suspender.cancel_pending(kernel_id)
         self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 
@@ -116,48 +123,52 @@ class ResumeHandler(GPUCRHandler):
         body = self.body()
         gpu = None if body.get("gpu") is None else str(body["gpu"])
         if body.get("wait", True) is False:  # about to use it: restore in the background
-            self.service.resume_ahead(kernel_id, gpu)
+            self.runtime.suspender.resume_ahead(kernel_id, gpu)
             self.set_status(202)
         else:
-            await self.service.resume(kernel_id, gpu=gpu)
+            await self.runtime.suspender.resume(kernel_id, gpu=gpu)
         self.finish(json.dumps(await self.kernel_state(kernel_id)))
 
 
 class CheckpointsHandler(GPUCRHandler):
+    lists_kernels = True
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        store = self.service.checkpointer.store
-        self.finish(json.dumps([await self.service.checkpoint_summary(c) for c in store.list_checkpoints()]))
+        store = self.runtime.store
+        self.finish(json.dumps([await self.runtime.suspender.checkpoint_summary(c) for c in store.list_checkpoints()]))
 
 
 class CheckpointHandler(GPUCRHandler):
     @web.authenticated
     @authorized
     async def get(self, checkpoint_id: str) -> None:
-        ckpt = self.service.checkpointer.store.get(checkpoint_id)
-        self.finish(json.dumps(await self.service.checkpoint_summary(ckpt)))
+        ckpt = self.runtime.store.get(checkpoint_id)
+        self.finish(json.dumps(await self.runtime.suspender.checkpoint_summary(ckpt)))
 
     @web.authenticated
     @authorized(action="write")
     async def delete(self, checkpoint_id: str) -> None:
-        await self.service.delete_checkpoint(checkpoint_id)
+        await self.runtime.suspender.delete_checkpoint(checkpoint_id)
         self.set_status(204)
         self.finish()
 
 
 class TrashHandler(GPUCRHandler):
+    lists_kernels = True
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(json.dumps(self.service.trash.contents()))
+        self.finish(json.dumps(self.runtime.trash.contents()))
 
 
 class TrashItemHandler(GPUCRHandler):
     @web.authenticated
     @authorized(action="write")
     async def delete(self, trash_id: str) -> None:
-        self.service.trash.delete(trash_id)
+        self.runtime.trash.delete(trash_id)
         self.set_status(204)
         self.finish()
 
@@ -170,15 +181,17 @@ class TrashRestoreHandler(GPUCRHandler):
         replace, sessions = body.get("replace", False), body.get("sessions", True)
         if not isinstance(replace, bool) or not isinstance(sessions, bool):
             raise web.HTTPError(400, "'replace' and 'sessions' are true or false.")
-        st = await self.service.restore_from_trash(trash_id, replace=replace, sessions=sessions)
+        st = await self.runtime.suspender.restore_from_trash(trash_id, replace=replace, sessions=sessions)
         self.finish(json.dumps(await self.kernel_state(st.kernel_id)))
 
 
 class GpusHandler(GPUCRHandler):
+    lists_kernels = True
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        on_gpu = self.service.kernels_by_pid()
+        on_gpu = self.runtime.suspender.kernel_manager.kernels_by_pid()
         out = []
         for g in gpus.list_gpus():
             d = g.to_dict()
@@ -193,24 +206,83 @@ class DoctorHandler(GPUCRHandler):
     @authorized
     async def get(self) -> None:
         """The doctor's checks as this server sees them: its store, its CRIU and its daemon."""
-        options = self.service.options
+        options = self.runtime.options
         daemon = DaemonClient(options.daemon_socket) if options.daemon_socket else None
-        checks = run_checks(self.service.checkpointer.store, options.criu_path or None, daemon)
+        checks = run_checks(self.runtime.store, options.criu_path or None, daemon)
         self.finish(json.dumps(report(checks)))
 
 
-def handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:
-    return [
-        (rf"{base}/kernels", KernelsHandler),
-        (rf"{base}/kernels/{_KERNEL_ID}", KernelHandler),
-        (rf"{base}/kernels/{_KERNEL_ID}/suspend", SuspendHandler),
-        (rf"{base}/kernels/{_KERNEL_ID}/resume", ResumeHandler),
-        (rf"{base}/kernels/{_KERNEL_ID}/label", LabelHandler),
-        (rf"{base}/trash", TrashHandler),
-        (rf"{base}/trash/{_TRASH_ID}", TrashItemHandler),
-        (rf"{base}/trash/{_TRASH_ID}/restore", TrashRestoreHandler),
-        (rf"{base}/checkpoints", CheckpointsHandler),
-        (rf"{base}/checkpoints/{_CHECKPOINT_ID}", CheckpointHandler),
-        (rf"{base}/gpus", GpusHandler),
-        (rf"{base}/doctor", DoctorHandler),
-    ]
+class RoomHandler(GPUCRHandler):
+    lists_kernels = True
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(json.dumps(self.runtime.room.report()))
+
+
+class ForkHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str) -> None:
+        body = self.body()
+        count, gpu = body.get("count", 1), body.get("gpu", "auto")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise web.HTTPError(400, "'count' is a whole number.")
+        ids, paused = await self.runtime.forker.fork(kernel_id, count, "auto" if gpu is None else str(gpu))
+        mkm = self.runtime.suspender.kernel_manager
+        answer: dict[str, Any] = {"kernels": [mkm.kernel_model(k) for k in ids]}
+        if paused is not None:
+            answer["source"] = paused
+        self.finish(json.dumps(answer, default=str))
+
+
+class SavePointsHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        self.finish(json.dumps(self.runtime.savepoints.listed(kernel_id)))
+
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str) -> None:
+        made = await self.runtime.savepoints.save(kernel_id, self.body().get("name"))
+        self.set_status(201)
+        self.finish(json.dumps(made, default=str))
+
+
+class SavePointHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str, savepoint_id: str) -> None:
+        sps = self.runtime.savepoints
+        self.finish(json.dumps(sps.summary(sps.get(kernel_id, savepoint_id))))
+
+    @web.authenticated
+    @authorized(action="write")
+    async def delete(self, kernel_id: str, savepoint_id: str) -> None:
+        await self.runtime.savepoints.delete(kernel_id, savepoint_id)
+        self.set_status(204)
+        self.finish()
+
+
+class GoBackHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str, savepoint_id: str) -> None:
+        st, trash_id = await self.runtime.savepoints.go_back(kernel_id, savepoint_id)
+        self.finish(json.dumps({**(await self.kernel_state(kernel_id)), "trash_id": trash_id,
+                                "timings": st.timings}, default=str))
+
+
+class SavePointForkHandler(GPUCRHandler):
+    @web.authenticated
+    @authorized(action="execute")
+    async def post(self, kernel_id: str, savepoint_id: str) -> None:
+        body = self.body()
+        count, gpu = body.get("count", 1), body.get("gpu", "auto")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise web.HTTPError(400, "'count' is a whole number.")
+        ids = await self.runtime.savepoints.fork(kernel_id, savepoint_id, count, "auto" if gpu is None else str(gpu))
+        mkm = self.runtime.suspender.kernel_manager
+        self.finish(json.dumps({"kernels": [mkm.kernel_model(k) for k in ids]}, default=str))

@@ -11,7 +11,6 @@ the gpucr daemon (unprivileged users) forking is not available yet.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import uuid
 from pathlib import Path
@@ -19,8 +18,6 @@ from typing import Any
 
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_server._tz import utcnow
-from jupyter_server.auth.decorator import authorized
-from tornado import web
 
 from ..core.checkpointer import Checkpointer
 from ..core.errors import EngineError, NotFoundError, PreconditionError, StateError
@@ -29,10 +26,11 @@ from ..core.forks import netns
 from ..core.process.running import Running
 from ..core.storage.store import Checkpoint
 from . import kernel_rpc
-from .engines import OFFLOAD_DIR, _offloaded_by_gpu
+from .engines import OFFLOAD_DIR, SuspendEngine, _offloaded_by_gpu
 from .fork_source import checkpoint_running
-from .handlers import _KERNEL_ID, GPUCRHandler
+from .kernels import KernelOperations
 from .lifecycle import RUNNING, SUSPENDED
+from .relist import latest
 
 #: More copies than this in one request is a typo, not a plan (each holds the source's memory).
 MAX_FORKS = 16
@@ -40,41 +38,42 @@ _PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
 
 class KernelForker:
-    """Forks the kernels of one server's :class:`~.service.KernelSuspender`."""
+    """Forks the kernels of one server (built once, in ``runtime.py``)."""
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
-        self.kernel_manager = service.kernel_manager
+    def __init__(self, ops: KernelOperations, criu: SuspendEngine) -> None:
+        self.ops = ops
+        self.kernel_manager = ops.kernel_manager
+        self.criu = criu  # the whole-process engine, whose checks a fork's source passes
 
     async def fork(self, kernel_id: str, count: int = 1, gpu: str = "auto") -> tuple[list[str], dict[str, Any] | None]:
         """The ids of ``count`` new kernels holding what ``kernel_id`` holds (see the module
         docstring), and where a running source's pause went (None for a suspended one)."""
         km = self._source(kernel_id, count)
         ids = [str(uuid.uuid4()) for _ in range(count)]
-        async with self.service.operation(kernel_id):
+        async with self.ops.operation(kernel_id):
             self._check_state(kernel_id, km)
             source = None
-            if self.service.lifecycle.state_of(kernel_id) == RUNNING:
-                source = await checkpoint_running(self.service, kernel_id, km)
+            if self.ops.lifecycle.state_of(kernel_id) == RUNNING:
+                source = await checkpoint_running(self.ops, kernel_id, km)
                 ckpt, tensors = source.checkpoint, source.tensors
-            else:
-                ckpt, tensors = self.service.store.latest(kernel_id), self._offloaded(kernel_id)
+            else:  # suspended (``_check_state``): its newest checkpoint is the one it is in
+                ckpt, tensors = latest(self.ops.store, kernel_id), self._offloaded(kernel_id)
             try:
-                await self._make(km, kernel_id, ids, gpu, ckpt, tensors)
+                await self.make(km, kernel_id, ids, gpu, ckpt, tensors)
             except BaseException:
                 if source is not None:
-                    await asyncio.to_thread(source.discard, self.service)
+                    await asyncio.to_thread(source.discard, self.ops)
                 raise
         if source is not None:  # the copies hold what they need: the reply need not wait for the deletion
-            _in_background(asyncio.to_thread(source.discard, self.service))
+            _in_background(asyncio.to_thread(source.discard, self.ops))
         return ids, source.report if source else None
 
-    async def _make(self, km: Any, kernel_id: str, ids: list[str], gpu: str, ckpt: Checkpoint,
+    async def make(self, km: Any, kernel_id: str, ids: list[str], gpu: str, ckpt: Checkpoint,
                     tensors: Path | None) -> None:
         """Restore the copies from ``ckpt``, list them and have each take the GPU tensors back
         from links of its own to the files in ``tensors``; all of them or none."""
         beside = _offloaded_by_gpu(ckpt, tensors) if tensors else {}
-        forks = await asyncio.to_thread(self.service.checkpointer.fork, kernel_id, names=ids, gpu=gpu, detach=False,
+        forks = await asyncio.to_thread(self.ops.checkpointer.fork, kernel_id, names=ids, gpu=gpu, detach=False,
                                         gpu_bytes_beside=beside, checkpoint_id=ckpt.id)
         try:
             for running in forks:
@@ -93,13 +92,13 @@ class KernelForker:
     def _offloaded(self, kernel_id: str) -> Path | None:
         """The folder of GPU tensors a suspended kernel moved out before its suspend (it takes them
         back itself after a restore: see ``gpucr_hooks.offload``), if any."""
-        tensors = self.service.store.proc_dir(kernel_id) / OFFLOAD_DIR
+        tensors = self.ops.store.proc_dir(kernel_id) / OFFLOAD_DIR
         return tensors if tensors.is_dir() else None
 
     async def _refill(self, fork_id: str, tensors: Path) -> None:
         """A fork of a GPU kernel takes the tensors back from links of its own to its source's
         files (the refill deletes the folder it read: a suspended source's stays for its resume)."""
-        own = make_private_dir(self.service.store.proc_dir(fork_id) / OFFLOAD_DIR)
+        own = make_private_dir(self.ops.store.proc_dir(fork_id) / OFFLOAD_DIR)
         for f in tensors.iterdir():
             os.link(f, own / f.name)
         try:
@@ -113,22 +112,22 @@ class KernelForker:
             raise NotFoundError(f"No kernel {kernel_id}.", "List kernels with GET /api/kernels.")
         if not 1 <= count <= MAX_FORKS:
             raise StateError(f"Cannot make {count} forks.", f"Ask for 1 to {MAX_FORKS}.")
-        if not isinstance(self.service.checkpointer, Checkpointer):
+        if not isinstance(self.ops.checkpointer, Checkpointer):
             raise PreconditionError("Kernels of this server cannot be forked: it checkpoints through the gpucr "
                                     "daemon, which does not fork yet.", "Suspend and restore work as before.")
         return self.kernel_manager.get_kernel(kernel_id)
 
     def _check_state(self, kernel_id: str, km: Any) -> None:
-        state = self.service.lifecycle.state_of(kernel_id)
+        state = self.ops.lifecycle.state_of(kernel_id)
         if state == RUNNING:
-            problem = self.service.engines["criu"].problem(km)
+            problem = self.criu.problem(km)
             if problem:
                 raise PreconditionError(f"This kernel cannot be forked: {problem}.",
                                         "Forks are made by the whole-process engine.")
             if km.execution_state == "busy":
                 raise StateError("The kernel is running a cell.", "Fork it when the cell has finished.")
         elif state == SUSPENDED:
-            ckpt = self.service.store.latest(kernel_id)
+            ckpt = self.ops.store.latest(kernel_id)
             if ckpt is None or ckpt.manifest.get("engine") != "criu":
                 raise PreconditionError("This kernel was suspended as saved variables, which cannot be forked.",
                                         "Resume it, then fork it.")
@@ -165,13 +164,13 @@ class KernelForker:
         mkm._kernel_connections[kernel_id] = 0
         mkm._kernel_ports[kernel_id] = km.ports
         await mkm.reattach_kernel(kernel_id, wake=False)
-        self.service.remember(kernel_id, km)
+        self.ops.remember(kernel_id, km)
 
     async def _drop(self, kernel_id: str) -> None:
         if kernel_id in self.kernel_manager:
             await self.kernel_manager.shutdown_kernel(kernel_id, now=True)
         else:
-            await asyncio.to_thread(self.service.checkpointer.remove, kernel_id, True)
+            await asyncio.to_thread(self.ops.checkpointer.remove, kernel_id, True)
 
 
 #: Deletions of running sources' fork checkpoints still in progress (kept referenced until they end).
@@ -192,23 +191,3 @@ def _relayed(info: dict[str, Any], routes: list[netns.Route]) -> dict[str, Any]:
         raise PreconditionError(f"The fork does not listen on the kernel's ports {missing} on loopback or every "
                                 "address, so it cannot be reached.", "Kernels that listen on 127.0.0.1 can be forked.")
     return {**info, **{p: by_inner[info[p]] for p in _PORTS}}
-
-
-class ForkHandler(GPUCRHandler):
-    @web.authenticated
-    @authorized(action="execute")
-    async def post(self, kernel_id: str) -> None:
-        body = self.body()
-        count, gpu = body.get("count", 1), body.get("gpu", "auto")
-        if not isinstance(count, int) or isinstance(count, bool):
-            raise web.HTTPError(400, "'count' is a whole number.")
-        ids, paused = await KernelForker(self.service).fork(kernel_id, count, "auto" if gpu is None else str(gpu))
-        mkm = self.service.kernel_manager
-        answer: dict[str, Any] = {"kernels": [mkm.kernel_model(k) for k in ids]}
-        if paused is not None:
-            answer["source"] = paused
-        self.finish(json.dumps(answer, default=str))
-
-
-def fork_handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:
-    return [(rf"{base}/kernels/{_KERNEL_ID}/fork", ForkHandler)]

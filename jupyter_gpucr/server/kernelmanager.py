@@ -4,31 +4,34 @@ A suspended kernel keeps its id, its entry in ``/api/kernels`` and its sessions.
 does nothing; shutting it down or restarting it moves its checkpoint to the trash first (kept
 ``trash_hours``), so nothing is lost silently. Culling suspends instead of shutting down.
 
-The mapping manager owns the kernels' :class:`~.lifecycle.KernelLifecycle` and the
-:class:`~.service.KernelSuspender`, and keeps the open websocket connections of each kernel so a
-suspend can hold, put to sleep and wake them.
+The mapping manager owns the kernels' :class:`~.lifecycle.KernelLifecycle` and builds gpucr's
+:class:`~.runtime.GPUCRRuntime` (once per server), keeps each kernel's process and its open
+websocket connections, and holds, detaches, reattaches and wakes them when the suspender says so.
+The kernels ask the suspender only through :class:`~.kernels.KernelHooks`.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import datetime
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any, Protocol
 
+import psutil
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_core.utils import ensure_async
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager, ServerKernelManager
-from traitlets import Instance, default
+from traitlets import Instance, default, observe
 
-from ..core.errors import GPUCRError, NotFoundError
-from ..core.process.procs import tcp_connections_to
+from ..core.errors import GPUCRError
+from ..core.process.procs import tcp_connections_to, tree
 from . import labels
 from .config import GPUCR
+from .kernels import KernelHooks
 from .lifecycle import RUNNING, KernelLifecycle
 from .provisioner import GPUCRProvisioner
-from .service import KernelSuspender
+from .runtime import GPUCRRuntime
 
 PROVISIONER = "gpucr-provisioner"
 #: Requests of monitors, never the user's activity: jupyter-resource-usage's kernel panel sends a
@@ -49,50 +52,39 @@ class Connection(Protocol):
     async def wake(self) -> None: ...
 
 
-class HeldKernel:
-    """A kernel being suspended, its clients' messages held: the engine calls :meth:`detach` when
-    the kernel may no longer talk to the server."""
-
-    def __init__(self, manager: GPUCRMappingKernelManager, kernel_id: str, execution_state: str) -> None:
-        self.manager, self.kernel_id, self.execution_state = manager, kernel_id, execution_state
-        self.detached = False
-
-    async def detach(self) -> None:
-        await self.manager.detach_kernel(self.kernel_id, self.execution_state)
-        self.detached = True
-
-
 class GPUCRKernelManager(ServerKernelManager):
     """One kernel; asks the suspender first when the kernel is on disk or being moved."""
 
     @property
-    def suspender(self) -> KernelSuspender:
-        return self.parent.suspender
+    def hooks(self) -> KernelHooks:
+        return self.parent.runtime.suspender
+
+    @observe("execution_state")
+    def _cell_ended(self, change: Any) -> None:
+        """Kernels grow in cells: the host memory budget is checked as one ends (``pressure.py``)."""
+        if change["old"] == "busy" and change["new"] == "idle":
+            self.parent.runtime.growth.cell_ended()
 
     async def start_kernel(self, *args: Any, **kwargs: Any) -> None:
         label = labels.given_at_start(kwargs.get("env"), self.kernel_spec.metadata if self.kernel_spec else {})
         kernel_id = kwargs.get("kernel_id") or self.kernel_id or "a new kernel"  # set by the start itself
-        async with self.suspender.room.for_start(kernel_id, self.kernel_spec):  # room for its declared memory
+        async with self.hooks.room_for_start(kernel_id, self.kernel_spec):  # room for its declared memory
             await super().start_kernel(*args, **kwargs)
-        self.suspender.remember(self.kernel_id, self)
-        if label:  # not listed by the mapping manager yet
-            labels.save(self.suspender.store, self.kernel_id, label)
-            self.parent.lifecycle.set_label(self.kernel_id, label)
+        self.hooks.started(self.kernel_id, self, label)
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
-        async with self.suspender.operation(self.kernel_id):
+        async with self.hooks.operation(self.kernel_id):
             if self.parent.lifecycle.is_on_disk(self.kernel_id):
-                await self.suspender.shelve(self.kernel_id, "restart" if restart else "shutdown")
-                self.provisioner.suspended = False
-                self.provisioner.process = None
+                await self.hooks.shelve(self.kernel_id, "restart" if restart else "shutdown")
+                self.provisioner.forget_suspended()
                 await self._async_cleanup_resources(restart=restart)
                 return
-            self.suspender.cancel_pending(self.kernel_id)
+            self.hooks.cancel_pending(self.kernel_id)
             await super().shutdown_kernel(now=now, restart=restart)
             if restart:  # the process room was made for is gone; the start that follows makes room again
-                self.suspender.room.forget(self.kernel_id)
+                self.hooks.restarting(self.kernel_id)
             else:
-                self.suspender.discard(self.kernel_id)
+                self.hooks.discard(self.kernel_id)
 
     async def stop_process(self) -> None:
         """Stop the kernel process as the snapshot engine needs it, inside a suspend or restore
@@ -105,7 +97,7 @@ class GPUCRKernelManager(ServerKernelManager):
         but unseen: no kernel event, no room made (a warm start is made only where there is room) and
         no restarter, which would restart a warm process that died as if the kernel had."""
         if isinstance(self.provisioner, GPUCRProvisioner):
-            self.provisioner.suspended = False  # as for a restore's start: the process to come is the kernel
+            self.provisioner.expect_launch()  # as for a restore's start: the process to come is the kernel
         await super(ServerKernelManager, self).start_kernel(**(self._launch_args or {}))
         self.stop_restarter()
 
@@ -123,14 +115,13 @@ class GPUCRKernelManager(ServerKernelManager):
             self.parent.cancel_queued(self.kernel_id)
 
     async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:
-        async with self.suspender.operation(self.kernel_id):
+        async with self.hooks.operation(self.kernel_id):
             on_disk = self.parent.lifecycle.is_on_disk(self.kernel_id)
             if on_disk:  # the user asked for a fresh kernel
-                await self.suspender.shelve(self.kernel_id, "restart")
-                self.provisioner.suspended = False
-                self.provisioner.process = None
+                await self.hooks.shelve(self.kernel_id, "restart")
+                self.provisioner.forget_suspended()
             else:
-                self.suspender.cancel_pending(self.kernel_id)
+                self.hooks.cancel_pending(self.kernel_id)
         await super().restart_kernel(now=now, newports=newports, **kw)
         # The idle clock restarts with the kernel. jupyter_server leaves it where the old kernel's
         # last activity put it (a restart's own messages are no activity to it), and it watches
@@ -144,7 +135,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
     """The server's kernel manager with gpucr's lifecycle, suspender and connection registry."""
 
     lifecycle = Instance(KernelLifecycle)
-    suspender = Instance(KernelSuspender)
+    runtime = Instance(GPUCRRuntime)
 
     @default("kernel_manager_class")
     def _default_kernel_manager_class(self) -> str:
@@ -154,9 +145,10 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
     def _default_lifecycle(self) -> KernelLifecycle:
         return KernelLifecycle(parent=self, event_logger=getattr(self.parent, "event_logger", None))
 
-    @default("suspender")
-    def _default_suspender(self) -> KernelSuspender:
-        return KernelSuspender(GPUCR(parent=self.parent), self, self.lifecycle, self.log)
+    @default("runtime")
+    def _default_runtime(self) -> GPUCRRuntime:
+        """gpucr's parts, built once for this server (the composition root, ``runtime.py``)."""
+        return GPUCRRuntime.build(GPUCR(parent=self.parent), self, self.lifecycle, self.log)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -167,7 +159,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         model = super().kernel_model(kernel_id)
         st = self.lifecycle.get(kernel_id)
         model["gpucr"] = {"state": st.state, "kind": st.kind, "suspended_at": st.suspended_at,
-                          "size": (st.checkpoint or {}).get("size")}
+                          "size": st.checkpoint["size"] if st.checkpoint else None}
         return model
 
     # -- websocket connections -------------------------------------------------------------
@@ -193,25 +185,12 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
                 return left
             await asyncio.sleep(0.02)
 
-    # -- around a suspend ----------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def suspending(self, kernel_id: str, execution_state: str) -> AsyncIterator[HeldKernel]:
-        """A suspend of the kernel, in this block: the clients' messages wait from here on, and
-        the engine detaches the kernel (see :meth:`detach_kernel`) when its time has come. When
-        the block ends the connections settle: the kernel is on disk by then and they answer for
-        it. When it raises, the kernel runs: it is reattached if it was detached, and the
-        connections wake in the background (one to a kernel that died meanwhile would hold the
-        error up until the websocket gives up on it, while the restarter takes over)."""
-        self.hold_messages(kernel_id)
-        held = HeldKernel(self, kernel_id, execution_state)
-        try:
-            yield held
-        except BaseException:
-            if held.detached:
-                await self.reattach_kernel(kernel_id, wake=False)
-            self._in_background(self.wake_connections(kernel_id))
-            raise
-        self.settle_connections(kernel_id)
+    # -- around a suspend: the suspender decides, these do ---------------------------------
+    def back_after_failed_suspend(self, kernel_id: str) -> None:
+        """The suspend failed and the kernel runs: its connections wake in the background (one to a
+        kernel that died meanwhile would hold the error up until the websocket gives up on it, while
+        the restarter takes over). A kernel detached before is reattached first (:meth:`reattach_kernel`)."""
+        self._in_background(self.wake_connections(kernel_id))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
@@ -267,12 +246,14 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
             except Exception as e:  # one broken websocket must not stop the others
                 self.log.warning("gpucr: a connection to kernel %s could not be woken: %s", kernel_id, e)
 
-    def set_label(self, kernel_id: str, label: str) -> None:
-        """Label the kernel (see :mod:`.labels`), for this server and the next."""
-        if kernel_id not in self:
-            raise NotFoundError(f"No kernel {kernel_id}.", "List kernels with GET /api/kernels.")
-        labels.save(self.suspender.store, kernel_id, labels.check(label))
-        self.lifecycle.set_label(kernel_id, label)
+    def kernels_by_pid(self) -> dict[int, str]:
+        """Host PIDs of running kernels' process trees, for GPU listings."""
+        out: dict[int, str] = {}
+        for kernel_id in self.list_kernel_ids():
+            pid = getattr(self.get_kernel(kernel_id).provisioner, "kernel_pid", None)
+            with contextlib.suppress(psutil.Error, OSError):
+                out.update({p: kernel_id for p in tree(pid)} if pid else {})
+        return out
 
     def cancel_queued(self, kernel_id: str) -> None:
         """An interrupt while the kernel is on disk or being restored: the requests that wait
@@ -311,7 +292,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         return idle and not_busy and not_connected
 
     async def cull_kernel_if_idle(self, kernel_id: str) -> None:
-        if not self.suspender.options.suspend_on_cull:
+        if not self.runtime.options.suspend_on_cull:
             return await super().cull_kernel_if_idle(kernel_id)
         if self.lifecycle.state_of(kernel_id) != RUNNING:
             return None
@@ -322,7 +303,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         if self.is_idle(kernel_id, timeout, self.cull_busy, self.cull_connected):
             self.log.warning("gpucr: suspending idle kernel %s instead of culling it", kernel_id)
             try:
-                await self.suspender.suspend(kernel_id, reason="idle")
+                await self.runtime.suspender.suspend(kernel_id, reason="idle")
             except GPUCRError as e:
                 self.log.error("gpucr: could not suspend idle kernel %s: %s", kernel_id, e)
         return None
@@ -352,7 +333,7 @@ class GPUCRMappingKernelManager(AsyncMappingKernelManager):
         km.execution_state = "idle"
         km.last_activity = utcnow()
         km.reason = ""
-        label = labels.load(self.suspender.store, kernel_id)
+        label = labels.load(self.runtime.store, kernel_id)
         if label:
             self.lifecycle.set_label(kernel_id, label)
         # The stock manager registers kernels in these maps in _async_start_kernel, which a

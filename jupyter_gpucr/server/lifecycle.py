@@ -15,23 +15,30 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from jupyter_events import EventLogger
 from traitlets import Instance
 from traitlets.config import LoggingConfigurable
 
 from ..core.errors import GPUCRError, StateError
+from ..core.gpu.gpus import GpuUse
+from ..core.storage.store import CheckpointSummary
+from .records import EngineName, Failure, Kind, LostItem, Phase, Progress, RoomWait, StateName
 
 STATE_SCHEMA_PATH = Path(__file__).parent / "schemas" / "kernel-state.json"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpucr/kernel-state/v1"
 PHASES = ["trimming", "gpu-checkpoint", "dumping", "verifying", "done", "restoring", "gpu-restore", "failed",
           "pending", "cancelled", "waiting-for-room", "uploading", "downloading"]
 
-RUNNING, PENDING, SUSPENDING, SUSPENDED, RESTORING = "running", "suspend-pending", "suspending", "suspended", "restoring"
-WAITING = "waiting-for-room"
-UPLOADING = "uploading"
-TRANSITIONS: dict[str, set[str]] = {
+RUNNING: Final = "running"
+PENDING: Final = "suspend-pending"
+SUSPENDING: Final = "suspending"
+SUSPENDED: Final = "suspended"
+RESTORING: Final = "restoring"
+WAITING: Final = "waiting-for-room"
+UPLOADING: Final = "uploading"
+TRANSITIONS: dict[StateName, set[StateName]] = {
     RUNNING: {PENDING, SUSPENDING},
     PENDING: {RUNNING, SUSPENDING},
     SUSPENDING: {RUNNING, SUSPENDED, UPLOADING},
@@ -74,26 +81,26 @@ class KernelState:
     """What the REST API reports for one kernel (``schemas/kernel-state.json``)."""
 
     kernel_id: str
-    state: str = RUNNING
-    kind: str = "cpu"
-    engine: str | None = None
+    state: StateName = RUNNING
+    kind: Kind = "cpu"
+    engine: EngineName | None = None
     engine_reason: str | None = None
-    checkpoint: dict[str, Any] | None = None
-    gpu: dict[str, Any] | None = None
-    progress: dict[str, Any] | None = None
+    checkpoint: CheckpointSummary | None = None
+    gpu: GpuUse | None = None
+    progress: Progress | None = None
     notebook_path: str | None = None
     label: str | None = None
     suspended_at: float | None = None
     pending_since: float | None = None
     restored_at: float | None = None
     suspended_for: float | None = None
-    lost: list[dict[str, Any]] = field(default_factory=list)
+    lost: list[LostItem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
     hint: str | None = None
     summary: str | None = None
     retryable: bool | None = None
-    room: dict[str, Any] | None = None
+    room: RoomWait | None = None
     made_room_for: str | None = None
     ahead: bool = False
     trim: dict[str, Any] | None = None
@@ -106,7 +113,7 @@ class KernelState:
 _FIELDS = {f.name for f in fields(KernelState)}
 
 
-def failure(err: GPUCRError) -> dict[str, Any]:
+def failure(err: GPUCRError) -> Failure:
     """The state fields of a failed operation: what it said, what to do, the cause in plain words
     and whether asking again can succeed."""
     return {"error": err.message, "hint": err.hint, "summary": err.summary or None, "retryable": err.retryable}
@@ -135,7 +142,7 @@ class KernelLifecycle(LoggingConfigurable):
         self._labels[kernel_id] = label
         self.get(kernel_id)
 
-    def state_of(self, kernel_id: str) -> str:
+    def state_of(self, kernel_id: str) -> StateName:
         st = self._states.get(kernel_id)
         return st.state if st else RUNNING
 
@@ -146,10 +153,10 @@ class KernelLifecycle(LoggingConfigurable):
     def is_suspending(self, kernel_id: str) -> bool:
         return self.state_of(kernel_id) == SUSPENDING
 
-    def kernel_ids_in(self, state: str) -> list[str]:
+    def kernel_ids_in(self, state: StateName) -> list[str]:
         return [k for k, st in self._states.items() if st.state == state]
 
-    def transition(self, kernel_id: str, to: str, phase: str, **changes: Any) -> KernelState:
+    def transition(self, kernel_id: str, to: StateName, phase: Phase, **changes: Any) -> KernelState:
         """Move the kernel to ``to`` (checked against :data:`TRANSITIONS`), apply ``changes`` and
         emit the event; ``StateError`` when the move is not allowed from the current state."""
         st = self.get(kernel_id)

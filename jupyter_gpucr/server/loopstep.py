@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar, cast
 
 from ..core.errors import EngineError
+
+T = TypeVar("T")
 
 
 class LoopStep:
@@ -32,19 +34,35 @@ class LoopStep:
         if not self._reached.done():
             self._reached.set_result(None)
 
-    async def take(self, step: Callable[[], Awaitable[None]], work: asyncio.Future[Any]) -> None:
-        """Once the thread is at the point, run ``step`` and let the thread go on; nothing runs
-        when ``work`` (the thread's) ends first. What ``step`` raises is raised in the thread
-        instead, whose work then fails with it: awaiting ``work`` tells how it ended."""
-        try:
-            await asyncio.wait({self._reached, work}, return_when=asyncio.FIRST_COMPLETED)
-            if self._reached.done():
-                await step()
-        except Exception as e:
-            self._answer.set_exception(e)
-        except BaseException:  # cancelled: the thread must not wait for ever, and the caller stops here
-            self._answer.set_exception(EngineError("The suspend was cancelled before the kernel was frozen.",
-                                                   "The kernel keeps running."))
-            raise
-        else:
+    async def reached(self, work: asyncio.Future[Any]) -> None:
+        """Return once the thread is at the point, or once ``work`` (the thread's) ended first;
+        raise what ``work`` raised then."""
+        await asyncio.wait({self._reached, work}, return_when=asyncio.FIRST_COMPLETED)
+        if not self._reached.done():
+            await work
+
+    def go_on(self) -> None:
+        """The loop's step is done: the thread goes on."""
+        if not self._answer.done():
             self._answer.set_result(None)
+
+    def refuse(self, why: BaseException) -> None:
+        """The loop's step failed (or was cancelled): the thread raises instead of going on."""
+        if self._answer.done():
+            return
+        if not isinstance(why, Exception):
+            why = EngineError("The suspend was cancelled before the kernel was frozen.", "The kernel keeps running.")
+        self._answer.set_exception(why)
+
+
+async def unless_lost(lost: asyncio.Future[None], work: Awaitable[T]) -> T:
+    """``work``'s result, unless ``lost`` fails first: then ``work`` is cancelled and that failure
+    raised. ``lost`` is left running either way (its owner awaits it). A restore hands a kernel
+    back before all its memory is in; reconnecting to it waits for the kernel, which never answers
+    if the rest never comes."""
+    task: asyncio.Future[Any] = asyncio.ensure_future(work)
+    await asyncio.wait({cast("asyncio.Future[Any]", lost), task}, return_when=asyncio.FIRST_COMPLETED)
+    if lost.done() and lost.exception() is not None and not task.done():
+        task.cancel()
+        raise cast(BaseException, lost.exception())
+    return cast(T, await task)

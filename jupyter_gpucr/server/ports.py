@@ -78,12 +78,14 @@ class HeldPorts:
     wakes it (once per holding). ``answers_for``: called with a kernel id, how to answer its
     control requests while it is on disk (``control.py``); None: they wait for the kernel."""
 
-    def __init__(self, enabled: bool, log: Any, listen_anew: bool = True) -> None:
+    def __init__(self, enabled: bool, log: Any, listen_anew: bool = True,
+                 on_intent: Callable[[str], None] | None = None,
+                 answers_for: Callable[[str], ControlAnswers | None] | None = None) -> None:
         self.enabled = enabled
         self.log = log
         self.listen_anew = listen_anew
-        self.on_intent: Callable[[str], None] | None = None
-        self.answers_for: Callable[[str], ControlAnswers | None] | None = None
+        self.on_intent = on_intent
+        self.answers_for = answers_for
         self._held: dict[str, _Holding] = {}
 
     def take(self, kernel_id: str, pid: int | None, ip: str, channels: dict[str, int]) -> dict[str, Any]:

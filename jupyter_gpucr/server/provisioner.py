@@ -7,7 +7,7 @@ process jupyter_client launched, so this provisioner tracks it by PID rather tha
 present (there is no process to poll, but the kernel exists on disk).
 
 The program that runs this provisioner is recorded as the kernel's owner in the store
-(:mod:`jupyter_gpucr.core.process.owners`) until it shuts the kernel down: ``gpucr checkpoint`` then
+(:mod:`jupyter_gpucr.core.owners`) until it shuts the kernel down: ``gpucr checkpoint`` then
 leaves the kernel running for it, and ``gpucr restore`` does not bring it back once it is gone.
 """
 from __future__ import annotations
@@ -49,9 +49,9 @@ class GPUCRProvisioner(LocalProvisioner):
     def checkpointer(self) -> CheckpointBackend:
         """The server's (through the mapping kernel manager), or the default store's when a
         plain jupyter_client program uses this provisioner (``gpucr checkpoint KERNEL_ID`` then works)."""
-        service = getattr(getattr(self.parent, "parent", None), "suspender", None)
-        if service is not None:
-            return service.checkpointer
+        runtime = getattr(getattr(self.parent, "parent", None), "runtime", None)
+        if runtime is not None:
+            return runtime.checkpointer
         if self._standalone is None:
             self._standalone = Checkpointer()
         return self._standalone
@@ -106,9 +106,20 @@ class GPUCRProvisioner(LocalProvisioner):
         self._owner_record(record_owner)
 
     def mark_suspended(self) -> None:
+        """The kernel is on disk: no process, yet one to come back (a restore adopts it)."""
         self.suspended = True
         self.kernel_pid = None
         self.pgid = None
+
+    def expect_launch(self) -> None:
+        """A fresh process is about to be launched for the kernel on disk (a snapshot restore's start,
+        or a warm start ahead of it): that process is the kernel."""
+        self.suspended = False
+
+    def forget_suspended(self) -> None:
+        """The kernel on disk was shut down or restarted: no process stands for it any more."""
+        self.suspended = False
+        self.process = None
 
     @property
     def has_process(self) -> bool:

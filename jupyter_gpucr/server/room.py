@@ -33,8 +33,10 @@ from ..core.errors import GPUCRError, PreconditionError
 from ..core.gpu import gpus
 from ..core.process.procs import tree_rss
 from ..core.sizes import human, parse_size
-from ..core.storage.store import Checkpoint
-from .lifecycle import RESTORING, RUNNING, SUSPENDED, WAITING
+from ..core.storage.store import Checkpoint, Store
+from .config import GPUCR
+from .kernels import DropWarm, Kernels, SuspendKernel
+from .lifecycle import RESTORING, RUNNING, SUSPENDED, WAITING, KernelLifecycle
 
 POLICIES = ["lru", "never"]
 ROOM_EVENT_ID = "https://events.jupyter.org/jupyter_gpucr/room/v1"
@@ -193,10 +195,15 @@ class Need:
 class RoomMaker:
     """Makes room for the kernels of one server; see the module docstring."""
 
-    def __init__(self, suspender: Any, event_logger: EventLogger | None = None) -> None:
-        self.suspender = suspender
-        self.options = suspender.options
-        self.log = suspender.log
+    def __init__(self, config: GPUCR, log: Any, lifecycle: KernelLifecycle, kernel_manager: Kernels, store: Store,
+                 suspend: SuspendKernel, drop_warm: DropWarm, event_logger: EventLogger | None = None) -> None:
+        self.options = config
+        self.log = log
+        self.lifecycle = lifecycle
+        self.kernel_manager = kernel_manager
+        self.store = store
+        self._suspend_kernel = suspend  # the suspender's: the kernel, suspended for the reason given
+        self._drop_warm = drop_warm  # processes started ahead of restores, stopped before any kernel is suspended
         self.event_logger = event_logger
         self._lock = asyncio.Lock()
         self._reserved: dict[str, dict[str, int]] = {}  # kernel id -> place key -> bytes
@@ -206,14 +213,6 @@ class RoomMaker:
         self._over_budget_said = False  # the budget is passed and nothing may be suspended: logged once
         if event_logger is not None and ROOM_EVENT_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(room_event_schema())
-
-    @property
-    def lifecycle(self) -> Any:
-        return self.suspender.lifecycle
-
-    @property
-    def kernel_manager(self) -> Any:
-        return self.suspender.kernel_manager
 
     def host_budget(self) -> int:
         return parse_size(self.options.host_memory_budget, psutil.virtual_memory().total)
@@ -348,7 +347,7 @@ class RoomMaker:
                           human(headroom), place.where, ", ".join(v.kernel_id for v in decision.victims))
         for victim in decision.victims:
             try:
-                await self.suspender.suspend(victim.kernel_id, reason="room")
+                await self._suspend_kernel(victim.kernel_id, "room")
             except GPUCRError as e:
                 self.log.warning("gpucr: kernel %s was not suspended ahead to keep room free: %s", victim.kernel_id, e)
         await self._settle(Need(headroom, need.places), key, skip=set())
@@ -377,7 +376,7 @@ class RoomMaker:
                              "recently used, idle)", human(-place.free), ", ".join(v.kernel_id for v in decision.victims))
         for victim in decision.victims:
             try:
-                await self.suspender.suspend(victim.kernel_id, reason="memory")
+                await self._suspend_kernel(victim.kernel_id, "memory")
             except GPUCRError as e:
                 self.log.warning("gpucr: kernel %s was not suspended to hold the host memory budget: %s",
                                  victim.kernel_id, e)
@@ -422,8 +421,8 @@ class RoomMaker:
         of the user's): every one where host memory is wanted, those holding a CUDA context on the
         GPUs wanted. How many were stopped."""
         if any(p.key == "host" for p in places):
-            return await self.suspender.warm.drop_all(but=kernel_id)
-        return await self.suspender.warm.drop_all(but=kernel_id, among={r.kernel_id for p in places for r in p.residents})
+            return await self._drop_warm(but=kernel_id)
+        return await self._drop_warm(but=kernel_id, among={r.kernel_id for p in places for r in p.residents})
 
     async def _suspend(self, kernel_id: str, why: str, decision: Decision, tried: set[str]) -> None:
         waiting = why == "restore" and self.lifecycle.state_of(kernel_id) == RESTORING
@@ -434,7 +433,7 @@ class RoomMaker:
         try:
             for victim in decision.victims:
                 try:
-                    await self.suspender.suspend(victim.kernel_id, reason="room")
+                    await self._suspend_kernel(victim.kernel_id, "room")
                 except GPUCRError as e:
                     tried.add(victim.kernel_id)
                     self.log.warning("gpucr: kernel %s was not suspended to make room: %s", victim.kernel_id, e)
@@ -469,7 +468,7 @@ class RoomMaker:
         """The uid the kernel runs as (its process record), else this server's."""
         if kernel_id not in self._owners:
             try:
-                self._owners[kernel_id] = self.suspender.store.read_proc(kernel_id).get("uid", os.getuid())
+                self._owners[kernel_id] = self.store.read_proc(kernel_id).get("uid", os.getuid())
             except (GPUCRError, OSError, ValueError):
                 self._owners[kernel_id] = os.getuid()
         return self._owners[kernel_id]
@@ -526,7 +525,7 @@ class RoomMaker:
     def _gpu_place(self, g: gpus.Gpu, skip: set[str]) -> Place:
         """GPU ``g``; what the ``skip`` kernels hold on it counts as free: it is part of what they
         ask for (a kernel started ahead of its restore holds its CUDA context already)."""
-        by_pid = self.suspender.kernels_by_pid()
+        by_pid = self.kernel_manager.kernels_by_pid()
         held: dict[str, int] = {}
         own = 0
         for pid, nbytes in g.processes.items():

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import sqlite3
@@ -48,7 +47,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from ..core.checkpointer import Checkpointer
@@ -58,10 +56,10 @@ from ..core.files import make_private_dir
 from ..core.forks.copies import KEPT_FILES, _flat, keep_written_files
 from ..core.storage.store import SAVE_POINT, Checkpoint, is_save_point
 from . import kernel_rpc
-from .engines import OFFLOAD_DIR
+from .engines import OFFLOAD_DIR, SuspendEngine
 from .fork_source import checkpoint_running
-from .handlers import _KERNEL_ID, GPUCRHandler
 from .kernel_forks import MAX_FORKS, KernelForker
+from .kernels import KernelOperations
 from .lifecycle import RUNNING, SUSPENDED
 
 #: Links to a save point's offloaded GPU tensors, by save point id, in the kernel's folder.
@@ -75,21 +73,23 @@ _NOT_CHECKED = ("/proc/", "/sys/", "/dev/")
 class SavePoints:
     """The save points of one server's kernels (see the module docstring)."""
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
-        self.store = service.store
+    def __init__(self, ops: KernelOperations, criu: SuspendEngine, forker: KernelForker) -> None:
+        self.ops = ops
+        self.store = ops.store
+        self.criu = criu  # the whole-process engine, whose checks a running kernel's save point passes
+        self.forker = forker
 
     # -- looking -------------------------------------------------------------------------
     def listed(self, kernel_id: str) -> list[dict[str, Any]]:
         """The kernel's save points, oldest first."""
-        self.service._kernel(kernel_id)
+        self.ops.kernel(kernel_id)
         return [self.summary(c) for c in self._of(kernel_id)]
 
     def _of(self, kernel_id: str) -> list[Checkpoint]:
         return [c for c in self.store.list_checkpoints(kernel_id) if is_save_point(c)]
 
     def get(self, kernel_id: str, sp_id: str) -> Checkpoint:
-        self.service._kernel(kernel_id)
+        self.ops.kernel(kernel_id)
         for c in self._of(kernel_id):
             if c.id == sp_id:
                 return c
@@ -111,14 +111,14 @@ class SavePoints:
         km = self._kernel(kernel_id)
         name = _checked_name(name)
         t0 = time.perf_counter()
-        async with self.service.operation(kernel_id):
-            state = self.service.lifecycle.state_of(kernel_id)
+        async with self.ops.operation(kernel_id):
+            state = self.ops.lifecycle.state_of(kernel_id)
             if state == RUNNING:
                 await self._check_running(km)  # before the history request, whose own 'busy' it would see
             idle = km.execution_state
             details = {"name": name, "cell": await self._last_cell(kernel_id, km, state), "kernel_state": state}
             if state == RUNNING:
-                source = await checkpoint_running(self.service, kernel_id, km, SAVE_POINT, {"savepoint": details},
+                source = await checkpoint_running(self.ops, kernel_id, km, SAVE_POINT, {"savepoint": details},
                                                   detach=idle)
                 ckpt, pause = source.checkpoint, source.report
                 if source.tensors is not None:
@@ -141,13 +141,13 @@ class SavePoints:
             out["paused_s"] = pause.get("paused_s")
             out["pause"] = pause
         out["dropped"] = dropped
-        self.service.log.info("gpucr: save point %s of kernel %s (%s, %d MiB)", ckpt.id, kernel_id, name or "unnamed",
+        self.ops.log.info("gpucr: save point %s of kernel %s (%s, %d MiB)", ckpt.id, kernel_id, name or "unnamed",
                               out["size"] >> 20)
         return out
 
     def _apply_limit(self, kernel_id: str) -> list[str]:
         """Drop the oldest save points past ``c.GPUCR.max_save_points``."""
-        keep = max(1, int(self.service.options.max_save_points))
+        keep = max(1, int(self.ops.options.max_save_points))
         dropped = []
         for old in self._of(kernel_id)[:-keep]:
             self._remove(old)
@@ -164,7 +164,7 @@ class SavePoints:
             db = self.store.proc_dir(kernel_id) / kernel_rpc.HISTORY_FILE
             return await asyncio.to_thread(_history_db_tail, db) if db.is_file() else None
         except Exception as e:  # the save point does not need it
-            self.service.log.debug("gpucr: the last cell of kernel %s is not known: %s", kernel_id, e)
+            self.ops.log.debug("gpucr: the last cell of kernel %s is not known: %s", kernel_id, e)
             return None
 
     # -- go back -------------------------------------------------------------------------
@@ -173,19 +173,19 @@ class SavePoints:
         to the trash. Returns the kernel's state and the trash id."""
         km = self._kernel(kernel_id)
         sp = self.get(kernel_id, sp_id)
-        if self.service.remote:
+        if self.ops.remote:
             raise PreconditionError("Going back to a save point is not available with object storage yet.",
                                     "Fork from the save point instead (POST .../savepoints/{sp}/fork).")
         self._check_files(kernel_id, sp)
-        async with self.service.operation(kernel_id):
-            state = self.service.lifecycle.state_of(kernel_id)
+        async with self.ops.operation(kernel_id):
+            state = self.ops.lifecycle.state_of(kernel_id)
             if state == RUNNING:
                 await self._check_running(km)
-                await self.service._suspend_now(kernel_id, "goback", "criu")
+                await self.ops.suspend_now(kernel_id, "goback", "criu")
             elif state != SUSPENDED:
                 raise StateError(f"The kernel is {state}.", "Go back once it is running or suspended.")
             left = self._criu_checkpoint(kernel_id)
-            path = await self.service._notebook_path(kernel_id)
+            path = await self.ops.notebook_path(kernel_id)
             trash_id = await asyncio.to_thread(self.store.trash_checkpoint, kernel_id, left.id, "goback",
                                                {"notebook_path": path, "savepoint": sp.id}, (OFFLOAD_DIR,))
             try:
@@ -194,10 +194,10 @@ class SavePoints:
                 with contextlib.suppress(GPUCRError, OSError):
                     self.store.put_back_trashed_checkpoint(trash_id, (OFFLOAD_DIR,))
                 raise
-            self.service.log.info("gpucr: kernel %s goes back to save point %s (as %s); the state it left is in the "
+            self.ops.log.info("gpucr: kernel %s goes back to save point %s (as %s); the state it left is in the "
                                   "trash as %s", kernel_id, sp.id, copy.id, trash_id)
         try:
-            st = await self.service.resume(kernel_id)
+            st = await self.ops.resume(kernel_id)
         except GPUCRError as e:
             e.hint = (f"{e.hint} The kernel is suspended at the save point; the state it left is in the trash "
                       f"({trash_id}).").strip()
@@ -210,9 +210,9 @@ class SavePoints:
         d = self.store.proc_dir(kernel_id)
         kept = d / KEPT_FILES / sp.id
         for path in _written_files(sp):
-            copy = kept / _flat(path)
-            if Path(path).parent == d and copy.is_file():
-                shutil.copy2(copy, path)
+            kept_copy = kept / _flat(path)
+            if Path(path).parent == d and kept_copy.is_file():
+                shutil.copy2(kept_copy, path)
         tensors = self._tensors(sp)
         if tensors.is_dir():
             _link_all(tensors, d / OFFLOAD_DIR)
@@ -251,13 +251,13 @@ class SavePoints:
             raise StateError(f"Cannot make {count} forks.", f"Ask for 1 to {MAX_FORKS}.")
         ids = [str(uuid.uuid4()) for _ in range(count)]
         tensors = self._tensors(sp)
-        async with self.service.operation(kernel_id):
-            await KernelForker(self.service)._make(km, kernel_id, ids, gpu, sp, tensors if tensors.is_dir() else None)
+        async with self.ops.operation(kernel_id):
+            await self.forker.make(km, kernel_id, ids, gpu, sp, tensors if tensors.is_dir() else None)
         return ids
 
     async def delete(self, kernel_id: str, sp_id: str) -> None:
         sp = self.get(kernel_id, sp_id)
-        async with self.service.operation(kernel_id):
+        async with self.ops.operation(kernel_id):
             await asyncio.to_thread(self._remove, sp)
 
     def _remove(self, sp: Checkpoint) -> None:
@@ -269,18 +269,18 @@ class SavePoints:
 
     # -- helpers -------------------------------------------------------------------------
     def _kernel(self, kernel_id: str) -> Any:
-        km = self.service._kernel(kernel_id)
-        if not isinstance(self.service.checkpointer, Checkpointer):
+        km = self.ops.kernel(kernel_id)
+        if not isinstance(self.ops.checkpointer, Checkpointer):
             raise PreconditionError("This server checkpoints through the gpucr daemon, which does not make save "
                                     "points yet.", "Suspend and restore work as before.")
         return km
 
     async def _check_running(self, km: Any) -> None:
-        problem = self.service.engines["criu"].problem(km)
+        problem = self.criu.problem(km)
         if problem:
             raise PreconditionError(f"This kernel cannot have save points: {problem}.",
                                     "Save points are made by the whole-process engine.")
-        if await self.service._busy_after(km, 1.0):  # a cell's closing 'idle' may still be on its way
+        if await self.ops.busy_after(km, 1.0):  # a cell's closing 'idle' may still be on its way
             raise StateError("The kernel is running a cell.", "Take the save point (or go back) when it has finished.")
 
     def _criu_checkpoint(self, kernel_id: str) -> Checkpoint:
@@ -339,65 +339,3 @@ def _history_db_tail(db: Path) -> dict[str, Any] | None:
 
 
 # -- REST -----------------------------------------------------------------------------------
-_SAVE_POINT_ID = r"(?P<savepoint_id>[A-Za-z0-9][A-Za-z0-9._-]*)"
-
-
-class SavePointsHandler(GPUCRHandler):
-    @web.authenticated
-    @authorized
-    async def get(self, kernel_id: str) -> None:
-        self.finish(json.dumps(SavePoints(self.service).listed(kernel_id)))
-
-    @web.authenticated
-    @authorized(action="execute")
-    async def post(self, kernel_id: str) -> None:
-        made = await SavePoints(self.service).save(kernel_id, self.body().get("name"))
-        self.set_status(201)
-        self.finish(json.dumps(made, default=str))
-
-
-class SavePointHandler(GPUCRHandler):
-    @web.authenticated
-    @authorized
-    async def get(self, kernel_id: str, savepoint_id: str) -> None:
-        sps = SavePoints(self.service)
-        self.finish(json.dumps(sps.summary(sps.get(kernel_id, savepoint_id))))
-
-    @web.authenticated
-    @authorized(action="write")
-    async def delete(self, kernel_id: str, savepoint_id: str) -> None:
-        await SavePoints(self.service).delete(kernel_id, savepoint_id)
-        self.set_status(204)
-        self.finish()
-
-
-class GoBackHandler(GPUCRHandler):
-    @web.authenticated
-    @authorized(action="execute")
-    async def post(self, kernel_id: str, savepoint_id: str) -> None:
-        st, trash_id = await SavePoints(self.service).go_back(kernel_id, savepoint_id)
-        self.finish(json.dumps({**(await self.kernel_state(kernel_id)), "trash_id": trash_id,
-                                "timings": st.timings}, default=str))
-
-
-class SavePointForkHandler(GPUCRHandler):
-    @web.authenticated
-    @authorized(action="execute")
-    async def post(self, kernel_id: str, savepoint_id: str) -> None:
-        body = self.body()
-        count, gpu = body.get("count", 1), body.get("gpu", "auto")
-        if not isinstance(count, int) or isinstance(count, bool):
-            raise web.HTTPError(400, "'count' is a whole number.")
-        ids = await SavePoints(self.service).fork(kernel_id, savepoint_id, count, "auto" if gpu is None else str(gpu))
-        mkm = self.service.kernel_manager
-        self.finish(json.dumps({"kernels": [mkm.kernel_model(k) for k in ids]}, default=str))
-
-
-def savepoint_handlers(base: str = "/api/gpucr") -> list[tuple[str, type]]:
-    kernel = rf"{base}/kernels/{_KERNEL_ID}/savepoints"
-    return [
-        (kernel, SavePointsHandler),
-        (rf"{kernel}/{_SAVE_POINT_ID}", SavePointHandler),
-        (rf"{kernel}/{_SAVE_POINT_ID}/restore", GoBackHandler),
-        (rf"{kernel}/{_SAVE_POINT_ID}/fork", SavePointForkHandler),
-    ]

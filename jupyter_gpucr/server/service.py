@@ -14,28 +14,24 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import psutil
 from jupyter_core.utils import ensure_async
-from tornado.ioloop import PeriodicCallback
 
 from ..core.backend import CheckpointBackend
 from ..core.errors import EngineError, GPUCRError, NotFoundError, StateError
 from ..core.gpu import gpus
 from ..core.process.procs import tree
-from ..core.sizes import human
-from ..core.storage.store import Checkpoint, Store
+from ..core.storage.store import Checkpoint, CheckpointSummary, Store
 from ..core.storage.writeback import WritebackWhileWriting
-from . import portable, preparation
-from .backend_choice import build_checkpointer, choose_backend
+from . import labels, portable, preparation
 from .config import GPUCR
 from .control import ControlAnswers
 from .dormant import Reply, Saved, answer
-from .engines import OFFLOAD_DIR, CriuEngine, SnapshotEngine, SuspendEngine, choose_engine
+from .engines import OFFLOAD_DIR, SuspendEngine, choose_engine
 from .kernels import Kernels
 from .lifecycle import (
     PENDING,
@@ -48,11 +44,13 @@ from .lifecycle import (
     KernelState,
     failure,
 )
+from .loopstep import unless_lost
 from .ports import HeldPorts
 from .prefetch import Prefetcher
 from .preparation import SavedReplies
+from .records import EngineName, GpuUse
 from .relist import Relister, latest
-from .remote import RemoteKernels, connect, local_root
+from .remote import RemoteKernels
 from .room import RoomMaker
 from .trash import Trash
 from .warm import WarmStarts
@@ -80,65 +78,55 @@ ENGINE_NOW_TTL = 30.0
 class KernelSuspender:
     """Suspends and resumes the kernels of one server; see the module docstring."""
 
-    def __init__(self, config: GPUCR, kernel_manager: Kernels, lifecycle: KernelLifecycle,
-                 log: Any) -> None:
+    def __init__(self, config: GPUCR, kernel_manager: Kernels, lifecycle: KernelLifecycle, log: Any, *,
+                 checkpointer: CheckpointBackend, engines: dict[str, SuspendEngine], ports: HeldPorts,
+                 saved: SavedReplies, remote: RemoteKernels | None, prefetcher: Prefetcher, trash: Trash,
+                 relister: Relister, room: RoomMaker, warm: WarmStarts) -> None:
         self.options = config
         self.log = log
         self.kernel_manager = kernel_manager
         self.lifecycle = lifecycle
-        store = Store(local_root(config))
-        self.backend = choose_backend(config)
-        self.checkpointer: CheckpointBackend = build_checkpointer(config, self.backend, store,
-                                                                  config.max_store_bytes or _half_of_disk(store))
-        self.warm = WarmStarts(self)  # snapshot kernels started when a client opens them, ahead of their restore
-        self.ports = HeldPorts(self.backend.kind == "local", log)  # whole-process kernels' ports, while on disk
-        self.engines: dict[str, SuspendEngine] = {e.name: e for e in (CriuEngine(self.checkpointer, self.backend, self.ports),
-                                                                       SnapshotEngine(self.checkpointer, self.warm))}
-        self.saved = SavedReplies(store)
+        self.checkpointer = checkpointer
+        self.engines = engines
+        self.ports = ports  # whole-process kernels' ports, while on disk
+        self.saved = saved
+        self.remote = remote  # object storage: kernels are uploaded after their suspend, downloaded to restore
+        self.prefetcher = prefetcher
+        self.trash = trash
+        self.relister = relister
+        self.room = room  # suspends idle kernels for one that needs their memory
+        self.warm = warm  # snapshot kernels started when a client opens them, ahead of their restore
         self._locks: dict[str, asyncio.Lock] = {}
         self._resumes: dict[str, asyncio.Task[KernelState]] = {}
         #: Per running kernel: when its engine now was found out, the engine (None: none would) and why.
-        self._engines_now: dict[str, tuple[float, str | None, str]] = {}
+        self._engines_now: dict[str, tuple[float, EngineName | None, str]] = {}
         #: What becomes of a kernel on disk that the server itself shuts down: the trash with this
         #: reason (not "shutdown"), or None: not the trash (its checkpoint is being deleted).
         self._own_shutdowns: dict[str, str | None] = {}
         #: When a kernel taken out of the trash was listed again: its ``suspended_hours`` count from then.
         self._untrashed_at: dict[str, float] = {}
-        self._checks: list[PeriodicCallback] = []
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.stopping = False  # the server stops: kernels it shuts down stay on disk, listed at the next start
-        self.room = RoomMaker(self, lifecycle.event_logger)  # suspends idle kernels for one that needs their memory
-        remote = connect(config)  # object storage: kernels are uploaded after their suspend, downloaded to restore
-        self.remote = RemoteKernels(remote, store, lifecycle, log, config.keep_last, config.lease_timeout_s,
-                                    config.max_bucket_bytes or None) if remote else None
-        if self.remote:
-            self.remote.stream_from(self.checkpointer, (OFFLOAD_DIR, portable.PORTABLE_DIR))
-        self.ports.listen_anew = self.remote is None  # several servers may list a kernel of object storage
-        self.ports.on_intent = self._connected_while_on_disk
-        self.ports.answers_for = self._control_answers
-        self.prefetcher = Prefetcher(store, config, log)
-        self.trash = Trash(config, self.checkpointer, kernel_manager, lifecycle, self.remote, log)
-        self.relister = Relister(self.checkpointer, kernel_manager, lifecycle, self.saved, self.remote, self.ports, log)
 
     @property
     def store(self) -> Store:
         return self.checkpointer.store
 
     # -- looking ---------------------------------------------------------------------------
-    def _kernel(self, kernel_id: str) -> Any:
+    def kernel(self, kernel_id: str) -> Any:
         if kernel_id not in self.kernel_manager:
             raise NotFoundError(f"No kernel {kernel_id}.", "List kernels with GET /api/kernels.")
         return self.kernel_manager.get_kernel(kernel_id)
 
     async def state(self, kernel_id: str) -> KernelState:
         """The kernel's state as the REST API shows it, with its GPU and notebook now."""
-        self._kernel(kernel_id)
+        self.kernel(kernel_id)
         st = self.lifecycle.get(kernel_id)
         if st.state == RUNNING:
             st.gpu = self._gpu_of(kernel_id)
             st.kind = "gpu" if st.gpu else "cpu"
-        st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
+        st.notebook_path = await self.notebook_path(kernel_id) or st.notebook_path
         if st.checkpoint:
             st.checkpoint["notebook_path"] = st.notebook_path
         if st.state == RUNNING and st.engine is None:  # not suspended yet: the engine a suspend would use now
@@ -146,41 +134,41 @@ class KernelSuspender:
             return dataclasses.replace(st, engine=engine, engine_reason=why)
         return st
 
-    def _engine_now(self, kernel_id: str) -> tuple[str | None, str]:
+    def _engine_now(self, kernel_id: str) -> tuple[EngineName | None, str]:
         """The engine a suspend of the running kernel would use now, and why (None: a suspend would
         fail, and why); found out at most every ``ENGINE_NOW_TTL`` seconds per kernel."""
         known = self._engines_now.get(kernel_id)
         if known and time.monotonic() - known[0] < ENGINE_NOW_TTL:
             return known[1], known[2]
         try:
-            engine, why = choose_engine(self.engines, self._kernel(kernel_id), self.options.engine)
-            name: str | None = engine.name
+            engine, why = choose_engine(self.engines, self.kernel(kernel_id), self.options.engine)
+            name: EngineName | None = engine.name
         except GPUCRError as e:
             name, why = None, f"a suspend would fail: {e.message}"
         self._engines_now[kernel_id] = (time.monotonic(), name, why)
         return name, why
 
-    async def _notebook_path(self, kernel_id: str) -> str | None:
+    async def notebook_path(self, kernel_id: str) -> str | None:
         sessions = await self.kernel_manager.sessions_of(kernel_id)
         return sessions[0]["path"] if sessions else None
 
     async def _display_name(self, kernel_id: str) -> str:
-        path = await self._notebook_path(kernel_id)
+        path = await self.notebook_path(kernel_id)
         return f"“{os.path.basename(path)}”" if path else "The kernel"
 
-    async def checkpoint_summary(self, ckpt: Checkpoint) -> dict[str, Any]:
+    async def checkpoint_summary(self, ckpt: Checkpoint) -> CheckpointSummary:
         """A checkpoint as the REST API shows it: the notebook path is the kernel's session
         path now, not at suspend time (the notebook may have been renamed since)."""
         summary = ckpt.summary()
         if ckpt.name in self.kernel_manager:
-            summary["notebook_path"] = await self._notebook_path(ckpt.name) or summary["notebook_path"]
+            summary["notebook_path"] = await self.notebook_path(ckpt.name) or summary["notebook_path"]
         return summary
 
     def saved_for(self, kernel_id: str) -> Saved:
         """What the kernel said at suspend time, for a dormant connection to answer from."""
         return self.saved.of(kernel_id)
 
-    def _gpu_of(self, kernel_id: str) -> dict[str, Any] | None:
+    def _gpu_of(self, kernel_id: str) -> GpuUse | None:
         pid = getattr(self.kernel_manager.get_kernel(kernel_id).provisioner, "kernel_pid", None)
         if not pid or not gpus.nvml_ready():
             return None
@@ -189,15 +177,6 @@ class KernelSuspender:
         except (psutil.Error, OSError, GPUCRError):
             return None
         return used[0] if used else None
-
-    def kernels_by_pid(self) -> dict[int, str]:
-        """Host PIDs of running kernels' process trees, for GPU listings."""
-        out: dict[int, str] = {}
-        for kernel_id in self.kernel_manager.list_kernel_ids():
-            pid = getattr(self.kernel_manager.get_kernel(kernel_id).provisioner, "kernel_pid", None)
-            with contextlib.suppress(psutil.Error, OSError):
-                out.update({p: kernel_id for p in tree(pid)} if pid else {})
-        return out
 
     @contextlib.asynccontextmanager
     async def operation(self, kernel_id: str) -> AsyncIterator[None]:
@@ -254,40 +233,23 @@ class KernelSuspender:
             await self.suspend_idle_kernels()
         await self.expire_suspended_kernels()
 
-    def start_checks(self) -> None:
-        """The checks that run while the server does (the server's and the gateway's shells call it
-        once the kernels of an earlier server are listed): idle and expired kernels, and the host
-        memory budget as kernels grow; each says in the log what it does."""
-        o = self.options
-        if o.idle_timeout > 0 or o.suspended_hours > 0:
-            self._checks.append(PeriodicCallback(self.check_kernels, 1000 * o.idle_check_interval))
-        if o.idle_timeout > 0:
-            self.log.info("gpucr: suspending kernels idle for more than %d s", o.idle_timeout)
-        if o.suspended_hours > 0:
-            self.log.info("gpucr: kernels suspended for more than %g h go to the trash", o.suspended_hours)
-        if self.room.host_budget():
-            self._checks.append(PeriodicCallback(self.room.hold_budget, 1000 * o.budget_check_interval))
-            self.log.info("gpucr: holding the host memory budget of %s as kernels grow", human(self.room.host_budget()))
-        for check in self._checks:
-            check.start()
-
-    def stop_checks(self) -> None:
-        for check in self._checks:
-            check.stop()
-        self._checks.clear()
-
     async def suspend(self, kernel_id: str, reason: str = "manual", engine: str | None = None,
                       when: str = "now") -> KernelState:
         """Suspend now, when the running cell finishes (``idle``), or after interrupting it."""
-        self._kernel(kernel_id)
+        self.kernel(kernel_id)
         if when == "idle":
             return await self._pend(kernel_id, reason, engine)
         if when == "interrupt":
             await self._interrupt(kernel_id)
         async with self.operation(kernel_id):
-            return await self._suspend_now(kernel_id, reason, engine)
+            return await self.suspend_now(kernel_id, reason, engine)
 
-    async def _suspend_now(self, kernel_id: str, reason: str, engine_name: str | None) -> KernelState:
+    async def suspend_now(self, kernel_id: str, reason: str, engine_name: str | None) -> KernelState:
+        """The suspend, top to bottom; the caller holds the kernel's :meth:`operation`. The clients'
+        messages wait from the start; the kernel prepares itself (saved replies, trim, GPU tensors
+        out), the engine writes the checkpoint and says when the kernel may be let go, the server's
+        connections to it close, the engine finishes, and the connections answer from disk. On any
+        failure the kernel runs on, reconnected, and says why."""
         km = await self._suspendable(kernel_id)
         engine, why = choose_engine(self.engines, km, engine_name or self.options.engine)
         if self.remote:  # a store that does not answer leaves the kernel running
@@ -295,9 +257,11 @@ class KernelSuspender:
         self.lifecycle.transition(kernel_id, SUSPENDING, "trimming", error=None, hint=None, engine=engine.name,
                                   engine_reason=why)
         offload_to = self.store.proc_dir(kernel_id) / OFFLOAD_DIR if engine.name == "criu" else None
+        execution_state = km.execution_state  # its own, before the trim's requests: reported while it is on disk
+        self.kernel_manager.hold_messages(kernel_id)
+        detached = False
         try:
-            async with self.kernel_manager.suspending(kernel_id, km.execution_state) as kernel, \
-                    preparation.tensors_back_on_failure(self.store, kernel_id, km, self.log):
+            async with preparation.tensors_back_on_failure(self.store, kernel_id, km, self.log):
                 if await self.kernel_manager.wait_for_replies(kernel_id, REPLY_GRACE_S):
                     raise await self._busy_error(kernel_id)
                 carried = None
@@ -314,39 +278,51 @@ class KernelSuspender:
                 record = preparation.kernel_record(kernel_id, km, saved, await self.kernel_manager.sessions_of(kernel_id))
                 extra = {"kernel": record, "engine_reason": why,
                          "offload": (trim or {}).get("offload"), "portable": carried}
-                ckpt = await engine.suspend(kernel_id, km, reason, extra, self._progress(kernel_id), kernel.detach)
+                suspension = engine.begin(kernel_id, km, reason, extra, self._progress(kernel_id))
+                try:
+                    await suspension.detachable()
+                    await self.kernel_manager.detach_kernel(kernel_id, execution_state)
+                    detached = True
+                except BaseException as e:
+                    await suspension.abandon(e)
+                    raise
+                ckpt = await suspension.finish()
                 st = self.lifecycle.transition(  # before the connections settle: they answer from disk
                     kernel_id, UPLOADING if self.remote else SUSPENDED, "uploading" if self.remote else "done",
                     suspended_at=time.time(), checkpoint=ckpt.summary(), gpu=None,
                     kind=ckpt.kind, lost=ckpt.manifest.get("snapshot", {}).get("lost", []), trim=trim,
                     timings=ckpt.manifest.get("timings", {}), warnings=[])
         except BaseException as e:
+            if detached:
+                await self.kernel_manager.reattach_kernel(kernel_id, wake=False)
+            self.kernel_manager.back_after_failed_suspend(kernel_id)
             err = e if isinstance(e, GPUCRError) else EngineError(f"The suspend failed: {e}", "The kernel keeps running.")
             self.log.warning("gpucr: suspending kernel %s failed: %s %s", kernel_id, err.message, err.hint)
             self.lifecycle.transition(kernel_id, RUNNING, "failed", **failure(err))
             raise err from (None if err is e else e)
+        self.kernel_manager.settle_connections(kernel_id)
         self.log.debug("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
-                      ckpt.size >> 20, st.timings.get("total", 0))
+                       ckpt.size >> 20, st.timings.get("total", 0))
         if self.remote:
             self.remote.upload_later(kernel_id, ckpt)
         return st
 
     async def _suspendable(self, kernel_id: str) -> Any:
         """The kernel's manager, once the kernel is running and idle; else why it cannot be suspended."""
-        km = self._kernel(kernel_id)
+        km = self.kernel(kernel_id)
         st = self.lifecycle.get(kernel_id)
-        st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path  # events name it as it is now
+        st.notebook_path = await self.notebook_path(kernel_id) or st.notebook_path  # events name it as it is now
         if st.state not in (RUNNING, PENDING):
             raise StateError(f"{await self._display_name(kernel_id)} is already {st.state}.",
                              "It is on disk already." if st.state == SUSPENDED else "Wait until it is running again.")
         if km.execution_state == "dead" or not await km.is_alive():
             raise StateError(f"{await self._display_name(kernel_id)} is not running (its process has exited).",
                              "Restart the kernel.")
-        if await self._busy_after(km, 1.0):
+        if await self.busy_after(km, 1.0):
             raise await self._busy_error(kernel_id)
         return km
 
-    async def _busy_after(self, km: Any, seconds: float) -> bool:
+    async def busy_after(self, km: Any, seconds: float) -> bool:
         """Whether the kernel is still busy after ``seconds`` (a completion request passes)."""
         deadline = time.monotonic() + seconds
         while km.execution_state == "busy" and time.monotonic() < deadline:
@@ -358,11 +334,11 @@ class KernelSuspender:
                                "Suspend it when the cell finishes, or interrupt the cell and suspend.")
 
     async def _interrupt(self, kernel_id: str) -> None:
-        km = self._kernel(kernel_id)
+        km = self.kernel(kernel_id)
         if km.execution_state != "busy":
             return
         await ensure_async(self.kernel_manager.interrupt_kernel(kernel_id))
-        if await self._busy_after(km, 10.0):
+        if await self.busy_after(km, 10.0):
             raise KernelBusyError(f"{await self._display_name(kernel_id)} kept running after the interrupt.",
                                   "Suspend it when the cell finishes, or restart the kernel.")
 
@@ -377,13 +353,13 @@ class KernelSuspender:
 
     async def _suspend_when_idle(self, kernel_id: str, reason: str, engine: str | None) -> None:
         try:
-            km = self._kernel(kernel_id)
+            km = self.kernel(kernel_id)
             while km.execution_state == "busy":
                 await asyncio.sleep(0.1)
             async with self.operation(kernel_id):
                 self._pending.pop(kernel_id, None)
                 if self.lifecycle.state_of(kernel_id) == PENDING:
-                    await self._suspend_now(kernel_id, reason, engine)
+                    await self.suspend_now(kernel_id, reason, engine)
         except GPUCRError as e:
             self.log.warning("gpucr: the pending suspend of kernel %s failed: %s", kernel_id, e)
         finally:
@@ -398,9 +374,31 @@ class KernelSuspender:
             return None
         return self.lifecycle.transition(kernel_id, RUNNING, "cancelled")
 
+    # -- what the kernel manager asks (``kernels.KernelHooks``) ---------------------------------
+    def room_for_start(self, kernel_id: str, kernel_spec: Any) -> contextlib.AbstractAsyncContextManager[None]:
+        """Room for a starting kernel's declared memory, held while it starts (``room.py``)."""
+        return self.room.for_start(kernel_id, kernel_spec)
+
+    def started(self, kernel_id: str, km: Any, label: str | None) -> None:
+        """A kernel started: write down what a later server lists it again from, and its label."""
+        self.remember(kernel_id, km)
+        if label:  # not listed by the mapping manager yet
+            labels.save(self.store, kernel_id, label)
+            self.lifecycle.set_label(kernel_id, label)
+
     def remember(self, kernel_id: str, km: Any) -> None:
-        """A kernel started: write down what a later server lists it again from (``preparation.remember``)."""
+        """A kernel started (or was forked): what a later server lists it again from (``preparation.remember``)."""
         preparation.remember(self.store, kernel_id, km)
+
+    def restarting(self, kernel_id: str) -> None:
+        """The process room was made for is gone; the start that follows makes room again."""
+        self.room.forget(kernel_id)
+
+    def set_label(self, kernel_id: str, label: Any) -> None:
+        """Label the kernel (see :mod:`.labels`), for this server and the next."""
+        self.kernel(kernel_id)
+        labels.save(self.store, kernel_id, labels.check(label))
+        self.lifecycle.set_label(kernel_id, label)
 
     def _progress(self, kernel_id: str) -> Any:
         loop = asyncio.get_running_loop()
@@ -415,7 +413,7 @@ class KernelSuspender:
         """A client is about to use a suspended kernel (its user types into a cell; an agent is about
         to send code): start its restore in the background, so that its request runs at once or
         sooner; a request that comes meanwhile waits for this restore. The state now."""
-        self._kernel(kernel_id)
+        self.kernel(kernel_id)
         if self.lifecycle.state_of(kernel_id) in (SUSPENDED, UPLOADING) and kernel_id not in self._resumes:
             self._in_background(self._resume_ahead(kernel_id, gpu))
         return self.lifecycle.get(kernel_id)
@@ -429,7 +427,7 @@ class KernelSuspender:
     async def resume(self, kernel_id: str, gpu: str | None = None, ahead: bool = False) -> KernelState:
         """Restore a suspended kernel; concurrent callers share one restore. ``ahead``: asked for
         ahead of use (see :meth:`resume_ahead`), which the state says while it runs."""
-        self._kernel(kernel_id)
+        self.kernel(kernel_id)
         state = self.lifecycle.state_of(kernel_id)
         if state == PENDING:
             return self.cancel_pending(kernel_id) or self.lifecycle.get(kernel_id)
@@ -447,12 +445,12 @@ class KernelSuspender:
     async def _resume(self, kernel_id: str, gpu: str, ahead: bool = False) -> KernelState:
         asked = time.perf_counter()
         async with self.operation(kernel_id):
-            km = self._kernel(kernel_id)
+            km = self.kernel(kernel_id)
             st = self.lifecycle.get(kernel_id)
             if st.state not in (SUSPENDED, UPLOADING):
                 return st
             suspended_at = st.suspended_at or time.time()
-            st.notebook_path = await self._notebook_path(kernel_id) or st.notebook_path
+            st.notebook_path = await self.notebook_path(kernel_id) or st.notebook_path
             self.lifecycle.transition(kernel_id, RESTORING, "restoring", error=None, hint=None, ahead=ahead)
             took_over = None
             try:
@@ -486,17 +484,13 @@ class KernelSuspender:
             # The restore may hand the kernel back before all its memory is in (engine.settled);
             # if the rest never comes it was stopped, possibly while the connections wait for it.
             settled = asyncio.ensure_future(engine.settled(kernel_id))
-            reattach = asyncio.ensure_future(self.kernel_manager.reattach_kernel(kernel_id))
-            await asyncio.wait({settled, reattach}, return_when=asyncio.FIRST_COMPLETED)
-            lost = settled.exception() if settled.done() else None
-            if lost is not None:
-                reattach.cancel()
-                await self._back_to_suspended(kernel_id, lost)
-                raise lost
             try:
-                await reattach
-            except BaseException:
-                settled.cancel()  # nobody waits for it any more
+                await unless_lost(settled, self.kernel_manager.reattach_kernel(kernel_id))
+            except BaseException as e:
+                if settled.done() and settled.exception() is e:
+                    await self._back_to_suspended(kernel_id, e)
+                else:
+                    settled.cancel()  # nobody waits for it any more
                 raise
             now = time.time()
             gpu_now = self._gpu_of(kernel_id)
@@ -514,14 +508,14 @@ class KernelSuspender:
                 self._in_background(self._until_settled(kernel_id, settled))
             return st
 
-    def _connected_while_on_disk(self, kernel_id: str) -> None:
+    def connected_while_on_disk(self, kernel_id: str) -> None:
         """A client connected to a suspended kernel's shell or stdin port (by its
         connection file: ``jupyter console --existing``): restore it; the request it sends is
         answered once the kernel is back (see ``ports.py``)."""
         if kernel_id in self.kernel_manager and self.lifecycle.state_of(kernel_id) == SUSPENDED:
             self._in_background(self._wake_for_connection(kernel_id))
 
-    def _control_answers(self, kernel_id: str) -> ControlAnswers | None:
+    def control_answers(self, kernel_id: str) -> ControlAnswers | None:
         """How the server answers a suspended kernel's control requests (a monitor's usage
         requests; see ``control.py``): signed with the kernel's session key, from what it saved."""
         if kernel_id not in self.kernel_manager:
@@ -560,7 +554,7 @@ class KernelSuspender:
         suspended, with why, in its intact checkpoint; the next request restores it again."""
         e = err if isinstance(err, GPUCRError) else EngineError(f"The restored kernel failed: {err}", "Restore it again.")
         self.log.error("gpucr: kernel %s: %s %s", kernel_id, e.message, e.hint)
-        km = self._kernel(kernel_id)
+        km = self.kernel(kernel_id)
         self.kernel_manager.hold_messages(kernel_id)
         await self.kernel_manager.detach_kernel(kernel_id, "idle")
         await km.provisioner.kill()
@@ -583,7 +577,7 @@ class KernelSuspender:
         the trash (not when the server stops: then it stays listed for the next start)."""
         await self.warm.drop(kernel_id)
         st = self.lifecycle.get(kernel_id)
-        path = await self._notebook_path(kernel_id) or st.notebook_path
+        path = await self.notebook_path(kernel_id) or st.notebook_path
         self._forget(kernel_id)
         fate = self._own_shutdowns.get(kernel_id, reason)
         if not self.stopping and fate is not None:
@@ -675,10 +669,3 @@ class KernelSuspender:
             await self.remote.wait_uploads(deadline - time.monotonic())
         return failures
 
-
-def _half_of_disk(store: Store) -> int:
-    """The default store limit: half of the disk it is on, so checkpoints never fill it."""
-    root = store.root
-    while not root.exists():
-        root = root.parent
-    return shutil.disk_usage(root).total // 2

@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import GPUCRError
 from ..core.process.record import ProcRecord
-from ..core.storage.store import Checkpoint
+from ..core.storage.store import Checkpoint, Store
 from . import kernel_rpc
+from .config import GPUCR
 from .kernel_rpc import SNAPSHOT_PAYLOAD
-from .lifecycle import SUSPENDED, UPLOADING
+from .kernels import Kernels
+from .lifecycle import SUSPENDED, UPLOADING, KernelLifecycle
+from .room import RoomMaker
 
 #: How long a warm kernel may take to import what its snapshot needs.
 PREPARE_TIMEOUT_S = 600.0
@@ -52,10 +56,16 @@ class _Warm:
 class WarmStarts:
     """The warm processes of one server's kernels; see the module docstring."""
 
-    def __init__(self, suspender: Any) -> None:
-        self.suspender = suspender
-        self.options = suspender.options
-        self.log = suspender.log
+    def __init__(self, config: GPUCR, log: Any, kernel_manager: Kernels, lifecycle: KernelLifecycle, store: Store,
+                 room: RoomMaker, busy: Callable[[str], bool], stopping: Callable[[], bool]) -> None:
+        self.options = config
+        self.log = log
+        self.kernel_manager = kernel_manager
+        self.lifecycle = lifecycle
+        self.store = store
+        self.room = room
+        self._busy = busy  # whether an operation on the kernel runs or waits to
+        self._server_stopping = stopping
         self._warm: dict[str, _Warm] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
 
@@ -63,7 +73,7 @@ class WarmStarts:
     def opened(self, kernel_id: str) -> None:
         """Start the kernel's process ahead of its restore when it is a suspended snapshot kernel
         with room for its restore; a kernel opened again while warm has its timeout start again."""
-        if self.options.warm_start_timeout_s <= 0 or self.suspender.stopping:
+        if self.options.warm_start_timeout_s <= 0 or self._server_stopping():
             return
         warm = self._warm.get(kernel_id)
         if warm is not None:
@@ -72,9 +82,9 @@ class WarmStarts:
         ckpt = self._startable(kernel_id)
         if ckpt is None:
             return
-        km = self.suspender.kernel_manager.get_kernel(kernel_id)
+        km = self.kernel_manager.get_kernel(kernel_id)
         try:
-            record: ProcRecord | None = self.suspender.store.read_proc(kernel_id)
+            record: ProcRecord | None = self.store.read_proc(kernel_id)
         except GPUCRError:
             record = None
         device = kernel_rpc.load_device(self.options.gpu_placement)  # as the restore will tell the load
@@ -87,17 +97,17 @@ class WarmStarts:
 
     def _startable(self, kernel_id: str) -> Checkpoint | None:
         """The checkpoint to start ``kernel_id`` warm for; None when it is not to be."""
-        if kernel_id in self._stopping or self.suspender.busy(kernel_id):
+        if kernel_id in self._stopping or self._busy(kernel_id):
             return None
-        if self.suspender.lifecycle.state_of(kernel_id) not in (SUSPENDED, UPLOADING):
+        if self.lifecycle.state_of(kernel_id) not in (SUSPENDED, UPLOADING):
             return None
         try:
-            ckpt = self.suspender.store.latest(kernel_id)
+            ckpt = self.store.latest(kernel_id)
         except (GPUCRError, OSError):  # damaged: its restore says so
             return None
         if ckpt is None or ckpt.manifest.get("engine") != "snapshot":  # whole-process kernels restore as they are
             return None
-        if not self.suspender.room.host_room_for_restore(kernel_id, ckpt):
+        if not self.room.host_room_for_restore(kernel_id, ckpt):
             self.log.info("gpucr: kernel %s is not started ahead of its restore: the host memory budget has no room "
                           "for it now", kernel_id)
             return None
@@ -109,7 +119,7 @@ class WarmStarts:
         for a context now."""
         saved = [d for d in (ckpt.manifest.get("snapshot") or {}).get("devices", {}) if d.startswith("cuda")]
         indices = {int((device or d).partition(":")[2] or 0) for d in saved}
-        return bool(indices) and self.suspender.room.gpu_room_for_context(km.kernel_spec, indices)
+        return bool(indices) and self.room.gpu_room_for_context(km.kernel_spec, indices)
 
     async def _prepare(self, kernel_id: str, km: Any, launch: asyncio.Task[None], ckpt: Checkpoint, device: str | None,
                        gpu: bool) -> dict[str, Any]:
@@ -141,7 +151,7 @@ class WarmStarts:
         try:
             usable = await self._usable(kernel_id, warm, ckpt)
             if usable:
-                async with self.suspender.room.for_start(kernel_id, warm.km.kernel_spec):
+                async with self.room.for_start(kernel_id, warm.km.kernel_spec):
                     pass
         except BaseException:  # no room for it, or the restore was cancelled
             self._stop_later(kernel_id, warm)
@@ -222,5 +232,5 @@ class WarmStarts:
             self.log.warning("gpucr: the process of kernel %s started ahead of its restore did not stop cleanly: %s",
                              kernel_id, e)
         if warm.record is not None:
-            self.suspender.store.write_proc(kernel_id, warm.record)
+            self.store.write_proc(kernel_id, warm.record)
         self.log.debug("gpucr: kernel %s: its process started ahead of its restore is stopped", kernel_id)

@@ -56,6 +56,7 @@ from traitlets import default
 
 from ..core.errors import GPUCRError
 from . import dormant
+from .kernels import ConnectionHooks
 
 V1 = "v1.kernel.websocket.jupyter.org"
 INTERRUPTED_TEXT = ("Interrupted while the kernel was being restored from disk: this request did not run. "
@@ -166,8 +167,8 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
 
     # -- what the rest of the server sees --------------------------------------------------
     @property
-    def suspender(self) -> Any:
-        return self.multi_kernel_manager.suspender
+    def suspender(self) -> ConnectionHooks:
+        return self.multi_kernel_manager.runtime.suspender
 
     @property
     def subprotocol(self) -> str | None:

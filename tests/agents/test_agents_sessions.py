@@ -25,7 +25,8 @@ def root(tmp_path):
 
 async def test_a_labelled_kernel_is_found_again_after_the_gateway_restarted(root, tmp_path):
     store = tmp_path / "store"
-    first = Served("gateway", root, store)
+    listing = "--JupyterWebsocketPersonality.list_kernels=True"  # finding kernels by label lists them
+    first = Served("gateway", root, store, listing)
     try:
         await first.wait_ready()
         kid = await first.start_kernel(env={"KERNEL_GPUCR_LABEL": "thread-42"})
@@ -42,7 +43,7 @@ async def test_a_labelled_kernel_is_found_again_after_the_gateway_restarted(root
     finally:
         assert first.stop() == 0
 
-    second = Served("gateway", root, store)
+    second = Served("gateway", root, store, listing)
     try:
         await second.wait_ready()  # answers at once; the kernel list waits until the earlier kernels are listed
         found = await asyncio.to_thread(kernel_for, "thread-42", second.url, TOKEN)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from jupyter_gpucr.server.routes import routes
 from tests.agent_servers import Served, kernel_processes, kill_leftovers
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute
@@ -131,12 +133,24 @@ async def test_the_gateways_culler_suspends_idle_kernels_and_leaves_suspended_on
 
 
 async def test_a_gateway_serves_the_same_routes_as_a_server_fork_and_room(root, tmp_path):
-    """The gateway mounts gpucr's one route table: a kernel forks through it (the copy has the
-    source's variables, the source runs on) and the room report answers."""
+    """The gateway mounts gpucr's one route table, the one the server extension mounts: every route
+    answers there (CORS preflight), a kernel forks through it (the copy has the source's variables,
+    the source runs on). Kernel Gateway's own rule holds for gpucr's listings: with its default
+    ``list_kernels=False`` every GET that lists kernels answers 403 as ``/api/kernels`` does, while a
+    kernel's own routes answer whoever knows its id."""
     gw = Served("gateway", root, tmp_path / "store")
     try:
         await gw.wait_ready()
+        for pattern, _handler in routes():
+            path = re.sub(r"\(\?P<\w+>[^)]*\)", "x", pattern).lstrip("/")
+            assert await gw.request(path, "OPTIONS") is None, path  # mounted: not tornado's 404
         kid = await gw.start_kernel()
+        for listing in ("api/kernels", "api/gpucr/kernels", "api/gpucr/kernels?label=x", "api/gpucr/checkpoints",
+                        "api/gpucr/trash", "api/gpucr/gpus", "api/gpucr/room"):
+            with pytest.raises(HTTPClientError) as refused:
+                await gw.request(listing)
+            assert refused.value.code == 403, listing
+        assert (await gw.request(f"api/gpucr/kernels/{kid}"))["state"] == "running"
         ws = await gw.ws(kid)
         await execute(ws, "x = 42")
         [copy] = (await gw.request(f"api/gpucr/kernels/{kid}/fork", "POST", {"count": 1}))["kernels"]
@@ -147,6 +161,16 @@ async def test_a_gateway_serves_the_same_routes_as_a_server_fork_and_room(root, 
         assert out.strip() == "42"
         copy_ws.close()
         ws.close()
+    finally:
+        gw.stop()
+
+
+async def test_a_gateway_that_lists_kernels_lists_them_through_gpucr_too(root, tmp_path):
+    gw = Served("gateway", root, tmp_path / "store", "--JupyterWebsocketPersonality.list_kernels=True")
+    try:
+        await gw.wait_ready()
+        kid = await gw.start_kernel()
+        assert [k["kernel_id"] for k in await gw.request("api/gpucr/kernels")] == [kid]
         assert isinstance(await gw.request("api/gpucr/room"), list)
     finally:
         gw.stop()

@@ -76,7 +76,7 @@ async def test_fork_a_gpu_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
     made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={"count": 2, "gpu": "auto"})
     forked_in = time.perf_counter() - t0
     paused = made["source"]
-    if jp_serverapp.kernel_manager.suspender.options.offload_gpu_tensors:
+    if jp_serverapp.kernel_manager.runtime.options.offload_gpu_tensors:
         assert paused["offload"]["bytes"] >= 1 << 30 and paused["reload"]["bytes"] == paused["offload"]["bytes"], paused
     else:
         assert "offload" not in paused and paused["reload"] is None, paused

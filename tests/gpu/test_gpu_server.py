@@ -43,7 +43,7 @@ def on_gpu(pid: int) -> bool:
 
 
 async def test_trim_shrinks_gpu_kernel_image(jp_fetch, jp_ws_fetch, jp_serverapp):
-    svc = jp_serverapp.kernel_manager.suspender
+    svc = jp_serverapp.kernel_manager.runtime.suspender
     kid = (await new_session(jp_fetch, "gpu.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
     _, out, _ = await execute(ws, SETUP, timeout=300)
@@ -243,7 +243,7 @@ async def test_a_gpu_without_room_for_the_offloaded_tensors_is_refused_before_an
     suspended = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     assert suspended["trim"]["offload"]["bytes"] >= 2 << 30, suspended["trim"]
     if not reported:
-        ckpt = jp_serverapp.kernel_manager.suspender.checkpointer.store.latest(kid)
+        ckpt = jp_serverapp.kernel_manager.runtime.checkpointer.store.latest(kid)
         manifest = json.loads((ckpt.path / "manifest.json").read_text())
         assert manifest["offload"].pop("bytes_by_gpu")
         (ckpt.path / "manifest.json").write_text(json.dumps(manifest))

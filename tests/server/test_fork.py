@@ -70,7 +70,7 @@ async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverap
     assert len(set(forks)) == 2 and kid not in forks
     # nothing of the fork is left beside the source: its checkpoint is useless without the
     # tensors a GPU kernel moved out for it, so both are gone (deleted behind the reply)
-    store = jp_serverapp.kernel_manager.suspender.store
+    store = jp_serverapp.kernel_manager.runtime.store
 
     def leftovers() -> list[str]:
         return [c.id for c in store.list_checkpoints(kid) if c.manifest.get("reason") == "fork"] + \
@@ -140,7 +140,7 @@ async def test_a_fork_that_fails_leaves_the_source_running(jp_fetch, jp_ws_fetch
     error = json.loads(failed.value.response.body)
     assert "could not be made" in error["message"] and "Cannot assign requested address" in error["message"], error
     assert "No copy was made" in error["hint"], error
-    store = jp_serverapp.kernel_manager.suspender.store
+    store = jp_serverapp.kernel_manager.runtime.store
     log = store.proc_dir(kid) / "fork-failed.log"  # the copy's folder is gone; CRIU's log of it is kept
     assert str(log) in error["hint"] and "Cannot assign requested address" in log.read_text(), error
     assert await _run(jp_ws_fetch, kid, "print(x)") == "kept"

@@ -61,8 +61,8 @@ def _loops(layer: str) -> list[list[str]]:
 @pytest.mark.parametrize("layer", ["core", "server", "daemon", "cli", "gateway"])
 def test_no_import_loop(layer):
     """No module imports one that imports it back, directly or around a circle. In the server:
-    the kernel manager makes the suspender and the suspender asks the kernel manager for its
-    kernels (through ``server/kernels.py``'s protocol). In the core: the checkpointer calls the
+    the kernel manager builds the runtime, whose parts ask the kernel manager for its kernels and
+    each other for what they use through ``server/kernels.py``'s protocols. In the core: the checkpointer calls the
     forks and the sessions, which type it through protocols; CRIU's runner and the store share
     ``files.py``; ``running.py`` holds what they all hand back."""
     assert _loops(layer) == []

@@ -17,7 +17,7 @@ from openapi_core import OpenAPI
 from openapi_core.exceptions import OpenAPIError
 from openapi_core.testing import MockRequest, MockResponse
 
-from jupyter_gpucr.server.handlers import handlers
+from jupyter_gpucr.server.routes import routes
 from tests.conftest import criu_or_skip
 
 pytestmark = pytest.mark.timeout(240)
@@ -36,7 +36,7 @@ def documented() -> dict[str, set[str]]:
 def served() -> dict[str, set[str]]:
     """Path template -> the methods gpucr's handlers implement (as the extension and the gateway mount them)."""
     out = {}
-    for pattern, cls in handlers():
+    for pattern, cls in routes():
         template = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern)
         out[template] = {m for m in METHODS if m in vars(cls)}
     return out
@@ -125,6 +125,15 @@ async def test_the_server_answers_as_documented(jp_fetch):
     await api("GET", "/api/gpucr/checkpoints/no-such-checkpoint", status=404)
 
     assert (await api("POST", f"/api/gpucr/kernels/{kid}/resume", {"gpu": "auto"}))["state"] == "running"
+
+    # save points: taken while the kernel runs, listed, read and deleted; unknown ones answer 404
+    made = await api("POST", f"/api/gpucr/kernels/{kid}/savepoints", {"name": "before"}, status=201)
+    assert [p["id"] for p in await api("GET", f"/api/gpucr/kernels/{kid}/savepoints")] == [made["id"]]
+    assert (await api("GET", f"/api/gpucr/kernels/{kid}/savepoints/{made['id']}"))["name"] == "before"
+    await api("POST", f"/api/gpucr/kernels/{kid}/savepoints/no-such-point/restore", {}, status=404)
+    await api("POST", f"/api/gpucr/kernels/{kid}/savepoints/no-such-point/fork", {}, status=404)
+    await api("DELETE", f"/api/gpucr/kernels/{kid}/savepoints/{made['id']}", status=204)
+    assert isinstance(await api("GET", "/api/gpucr/room"), list)
 
     # a suspended kernel shut down goes to the trash, and comes back from it
     await api("POST", f"/api/gpucr/kernels/{kid}/suspend", {})

@@ -130,7 +130,7 @@ async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fe
     await asyncio.sleep(0)
 
     # a kernel shut down, running or suspended, leaves nothing behind in what makes room
-    room = jp_serverapp.kernel_manager.suspender.room
+    room = jp_serverapp.kernel_manager.runtime.room
     shut = [kids[resident[-1]], kids[next(n for n in NAMES if n not in resident)]]
     assert all(k in room._arrived and k in room._owners for k in shut)
     for kid in shut:

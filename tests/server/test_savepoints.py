@@ -72,7 +72,7 @@ async def test_go_back_to_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
 
 
 async def test_save_point_of_a_suspended_kernel_and_the_limit(jp_fetch, jp_ws_fetch, jp_serverapp):
-    jp_serverapp.kernel_manager.suspender.options.max_save_points = 2
+    jp_serverapp.kernel_manager.runtime.options.max_save_points = 2
     kid = (await new_session(jp_fetch, "on-disk.ipynb"))["kernel"]["id"]
     await _run(jp_ws_fetch, kid, "y = 'kept'")
     sp0 = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "zero"})

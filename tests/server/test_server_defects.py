@@ -222,7 +222,7 @@ def small_store(tmp_path):
 async def test_a_dump_that_fills_the_disk_says_so_in_sentences(small_store, jp_fetch, jp_ws_fetch, jp_serverapp):
     """The disk fills up during the dump (the check before it passed, as when something else
     writes meanwhile): the message says what happened and that the kernel runs on, as sentences."""
-    jp_serverapp.kernel_manager.suspender.checkpointer.check_space = False  # so that CRIU itself runs out
+    jp_serverapp.kernel_manager.runtime.checkpointer.check_space = False  # so that CRIU itself runs out
     kid = (await new_session(jp_fetch, "full.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
     await run_cell(ws, "import numpy as np\na = np.ones(20_000_000)\nx = 42")
@@ -246,7 +246,7 @@ async def test_the_log_of_a_failed_dump_is_private(jp_fetch, jp_ws_fetch, jp_ser
     with pytest.raises(HTTPClientError) as err:
         await jp_fetch("api", "gpucr", "kernels", kid, "suspend", method="POST", body="{}")
     body = json.loads(err.value.response.body)
-    log = jp_serverapp.kernel_manager.suspender.store.proc_dir(kid) / "dump-failed.log"
+    log = jp_serverapp.kernel_manager.runtime.store.proc_dir(kid) / "dump-failed.log"
     assert f"CRIU's log: {log}." in body["hint"], body
     assert stat.S_IMODE(log.stat().st_mode) == 0o600 and "nested user namespace" in log.read_text()
     assert body["message"].endswith(". The process was left running."), body["message"]

@@ -222,7 +222,7 @@ def block_the_commit(store: pathlib.Path, stop: threading.Event) -> None:
 async def test_a_failed_commit_puts_the_kernel_back_under_the_server(jp_fetch, jp_ws_fetch, jp_serverapp):
     """The dump finished but the checkpoint could not be committed: the process is restored from
     its images, and the server's provisioner, restarter and websocket follow the new process."""
-    store = jp_serverapp.kernel_manager.suspender.checkpointer.store.root
+    store = jp_serverapp.kernel_manager.runtime.checkpointer.store.root
     kid = (await new_session(jp_fetch, "full.ipynb"))["kernel"]["id"]
     ws = await open_ws(jp_ws_fetch, kid)
     await execute(ws, "import numpy as np\nx = 42\na = np.arange(5_000_000)")
@@ -260,7 +260,7 @@ async def test_a_kernel_whose_memory_never_came_back_is_shown_suspended_and_rest
     """The restore hands the kernel back before all its memory is in. If CRIU's lazy-pages
     daemon dies, the kernel must not run on with pages missing: it is stopped, shown suspended
     with the reason, and the next cell restores it from its intact checkpoint."""
-    cr = jp_serverapp.kernel_manager.suspender.checkpointer
+    cr = jp_serverapp.kernel_manager.runtime.checkpointer
     if not cr.criu.lazy_pages_supported:
         pytest.skip("this kernel gives CRIU no userfaultfd for lazy restores")
     kid = (await new_session(jp_fetch, "lazy.ipynb"))["kernel"]["id"]

@@ -175,7 +175,7 @@ async def test_opening_a_suspended_kernel_reads_its_checkpoint_into_the_page_cac
     pid = kernel_pid(jp_serverapp, kid)
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     ws.close()
-    ckpt = jp_serverapp.kernel_manager.suspender.store.latest(kid)
+    ckpt = jp_serverapp.kernel_manager.runtime.store.latest(kid)
     files = [f for f in ckpt.path.rglob("*") if f.is_file()]
     assert sum(f.stat().st_size for f in files) > 300 << 20
     evict(files)  # as after a reboot or under memory pressure: nothing of it in memory

@@ -140,7 +140,7 @@ async def test_a_pytorch_kernel_opened_again_loads_its_tensors_ahead_bit_for_bit
 async def test_a_kernel_nobody_restores_is_stopped_after_the_timeout_and_stays_restorable(jp_fetch, jp_ws_fetch,
                                                                                            jp_serverapp):
     kid = await suspended_kernel(jp_fetch, jp_ws_fetch, "left-open.ipynb")
-    record = jp_serverapp.kernel_manager.suspender.store.read_proc(kid)
+    record = jp_serverapp.kernel_manager.runtime.store.read_proc(kid)
     ws = await open_ws(jp_ws_fetch, kid, "opened")
     opened = time.monotonic()
     warm = await until_warm(kid, imported=False)
@@ -148,7 +148,7 @@ async def test_a_kernel_nobody_restores_is_stopped_after_the_timeout_and_stays_r
     assert time.monotonic() - opened > 7
     assert kernel_processes(kid) == []
     assert (await state(jp_fetch, kid))["state"] == "suspended"
-    store = jp_serverapp.kernel_manager.suspender.store
+    store = jp_serverapp.kernel_manager.runtime.store
     for _ in range(100):  # written back once the process is reaped
         if store.read_proc(kid) == record:
             break

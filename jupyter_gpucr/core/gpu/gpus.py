@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import IncompatibleCheckpointError, PreconditionError
 
@@ -73,9 +73,18 @@ def list_gpus() -> list[Gpu]:
     return gpus
 
 
-def gpus_of(pids: list[int], gpus: list[Gpu] | None = None) -> list[dict[str, Any]]:
+class GpuUse(TypedDict):
+    """A GPU a process tree has memory on, and how much."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_used: int
+
+
+def gpus_of(pids: list[int], gpus: list[Gpu] | None = None) -> list[GpuUse]:
     """The GPUs any of ``pids`` has memory on, with how much."""
-    used = []
+    used: list[GpuUse] = []
     for gpu in list_gpus() if gpus is None else gpus:
         mem = sum(b for p, b in gpu.processes.items() if p in pids)
         if any(p in pids for p in gpu.processes):

@@ -25,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 from ..criu.commands import at_work_in, drop_network_lock, dump_finished
 from ..errors import CheckpointDamagedError, NotFoundError, StateError
@@ -54,7 +54,7 @@ class Manifest(TypedDict, total=False):
     format_version: int
     name: str
     created: float
-    engine: str  # "criu" or "snapshot"
+    engine: Literal["criu", "snapshot"]
     files: dict[str, dict[str, Any]]  # relative path -> size and digest
     size: int
     timings: dict[str, float]
@@ -145,6 +145,22 @@ def read_manifest(path: Path) -> Manifest:
     return cast(Manifest, manifest)
 
 
+class CheckpointSummary(TypedDict):
+    """A checkpoint as the REST API and the CLI list it."""
+
+    id: str
+    name: str
+    created: float
+    size: int
+    engine: Literal["criu", "snapshot"] | None
+    reason: str | None
+    gpu_model: str | None
+    gpus: list[dict[str, Any]]
+    kernel_id: str | None
+    notebook_path: str | None
+    path: str
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A complete checkpoint on disk and its manifest."""
@@ -170,7 +186,7 @@ class Checkpoint:
         return self.path / "images"
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Literal["cpu", "gpu"]:
         """"gpu" when the process used a GPU when it was checkpointed, else "cpu"."""
         return "gpu" if self.manifest.get("gpu", {}).get("used") else "cpu"
 
@@ -183,7 +199,7 @@ class Checkpoint:
                 f"Checkpoint {self.id} is damaged: {'; '.join(problems[:5])}.",
                 f"It was kept at {self.path} for inspection. Restore an older checkpoint or start fresh.")
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> CheckpointSummary:
         m = self.manifest
         gpus = m.get("gpu", {}).get("used", [])
         return {
