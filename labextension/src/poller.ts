@@ -23,7 +23,7 @@ export class Poller implements IDisposable {
     this._fast = options.fast;
     this._interval = Math.max(MIN_POLL_MS, options.interval ?? 3000);
     this._poll = new Poll({
-      name: options.name ?? 'jupyter-gpucr:kernels',
+      name: 'jupyter-gpucr:kernels',
       factory: options.tick,
       frequency: {
         interval: this._interval,
@@ -118,6 +118,5 @@ export namespace Poller {
     interval?: number;
     /** Milliseconds between the clock's advances (default `CLOCK_MS`). */
     clockInterval?: number;
-    name?: string;
   }
 }
