@@ -7,9 +7,9 @@ from typing import Any
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, Union, default, validate
 from traitlets.config import Configurable
 
-from ..core.checkpointer import NETWORK_LOCK_HOLD
 from ..core.objectstore.sealing import key_file_from_environment, previous_key_files_from_environment
 from ..core.sizes import parse_size
+from ..core.steps.netlocks import NETWORK_LOCK_HOLD
 from ..daemon.protocol import DEFAULT_SOCKET
 
 

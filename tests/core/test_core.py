@@ -20,6 +20,7 @@ from jupyter_gpucr.core.criu.commands import dump_id, network_lock_tables
 from jupyter_gpucr.core.errors import BusyError, CheckpointDamagedError, EngineError
 from jupyter_gpucr.core.hostmemory import free_page_reporting
 from jupyter_gpucr.core.process.procs import tree
+from jupyter_gpucr.core.steps import restore as restore_step
 from jupyter_gpucr.core.storage.locks import exclusive
 from tests.conftest import agent_command, ask, gone, wait_for_line
 
@@ -652,7 +653,7 @@ def suspended_to_run_while_filled(criu_path, store_dir, monkeypatch):
     cr = Checkpointer(store_dir, lazy_restore=False)
     if not cr.criu.lazy_pages_supported:
         pytest.skip("this kernel gives CRIU no userfaultfd")
-    monkeypatch.setattr(Checkpointer, "_runs_while_filled", staticmethod(lambda used: True))
+    monkeypatch.setattr(restore_step, "runs_while_filled", lambda used: True)
     names: list[str] = []
 
     def suspended(name: str, mode: str):

@@ -2,9 +2,9 @@
 (``retryable``): what JupyterLab shows first and which buttons it offers (docs/ui.md)."""
 from __future__ import annotations
 
-from jupyter_gpucr.core.checkpointer import _restore_summary
 from jupyter_gpucr.core.criu.commands import explain_log
 from jupyter_gpucr.core.errors import CheckpointDamagedError, EngineError, PreconditionError, StateError
+from jupyter_gpucr.core.steps.restore_failures import restore_summary
 from jupyter_gpucr.daemon.protocol import error_from
 
 
@@ -31,6 +31,6 @@ def test_a_criu_log_is_summed_up_in_plain_words(tmp_path) -> None:
     assert failure.raw.startswith("11709: Error")
     log.write_text("(00.012) 11709: Error (criu/x.c:3): something CRIU says\n")
     assert explain_log(log).summary == ""
-    assert _restore_summary("", []) == "The kernel's process could not be recreated"
-    assert _restore_summary("A port …", [(43463, "127.0.0.1", "PID 22484 of u (uid 1000)", 22484)]) == \
+    assert restore_summary("", []) == "The kernel's process could not be recreated"
+    assert restore_summary("A port …", [(43463, "127.0.0.1", "PID 22484 of u (uid 1000)", 22484)]) == \
         "Port 43463 is used by PID 22484"

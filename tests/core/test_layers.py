@@ -16,7 +16,7 @@ LAYERS = (
     ("storage",),
     ("objectstore", "forks"),
     ("recovery", "doctor"),
-    ("backend",),
+    ("backend", "steps"),
     ("pausing",),
     ("checkpointer",),
 )

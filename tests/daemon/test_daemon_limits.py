@@ -605,9 +605,9 @@ def test_a_log_rewound_before_a_restore_is_not_read_whole(tmp_path: Path, size: 
     out = subprocess.run([sys.executable, "-c", f"""
 import json, resource
 from pathlib import Path
-from jupyter_gpucr.core.checkpointer import _rewind_grown_log
+from jupyter_gpucr.core.steps.restore_failures import rewind_grown_log
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-assert _rewind_grown_log("File {str(log).lstrip('/')} has bad size {size} (expect {expect})", Path({str(tmp_path)!r}))
+assert rewind_grown_log("File {str(log).lstrip('/')} has bad size {size} (expect {expect})", Path({str(tmp_path)!r}))
 print(json.dumps({{"grown_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}}))
 """], capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(H.REPO)})
     assert out.returncode == 0, out.stderr

@@ -365,7 +365,7 @@ class Criu:
     def page_fill_argv(images: Path, workdir: Path) -> list[str]:
         """gpucr's own lazy-pages daemon (``pagefill``) for a restore from ``images``: it copies the
         whole memory in with many threads, then exits; the restore is handed back only then (the
-        tree stays stopped meanwhile, but for a GPU process: see ``Checkpointer._restore_locked``)."""
+        tree stays stopped meanwhile, but for a GPU process: see ``steps/restore.py``)."""
         return [sys.executable, "-I", "-S", str(PAGEFILL), "-D", str(images), "-W", str(workdir), "-o", LAZY_LOG]
 
     def lazy_pages_argv(self, images: Path, workdir: Path) -> list[str]:

@@ -81,7 +81,7 @@ class LayoutChanged(FillError):
     with the tree stopped until filled: exit status ``LAYOUT_CHANGED``)."""
 
 
-LAYOUT_CHANGED = 3  # the exit status then (the checkpointer imports it from here)
+LAYOUT_CHANGED = 3  # the exit status then (the restore step, steps/restore.py, imports it from here)
 
 
 # -- the images ------------------------------------------------------------------------------
