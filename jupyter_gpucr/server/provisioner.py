@@ -1,13 +1,13 @@
 """A kernel provisioner whose kernels CRIU can suspend and restore.
 
-Kernels are launched through :mod:`jupyter_gpucr.holder` (own PID + mount namespace, output to
+Kernels are launched through :mod:`jupyter_gpucr.core.process.holder` (own PID + mount namespace, output to
 log files in the store, no ``JPY_PARENT_PID``). After a restore the kernel is no longer the
 process jupyter_client launched, so this provisioner tracks it by PID rather than by the old
 ``Popen``: poll, interrupt and kill keep working. While suspended it reports the kernel as
 present (there is no process to poll, but the kernel exists on disk).
 
 The program that runs this provisioner is recorded as the kernel's owner in the store
-(:mod:`jupyter_gpucr.core.owners`) until it shuts the kernel down: ``gpucr checkpoint`` then
+(:mod:`jupyter_gpucr.core.process.owners`) until it shuts the kernel down: ``gpucr checkpoint`` then
 leaves the kernel running for it, and ``gpucr restore`` does not bring it back once it is gone.
 """
 from __future__ import annotations
