@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
+from .errors import PreconditionError
 from .process.running import Running
 from .recovery import Recovery
 from .storage.store import Checkpoint, Store
 
 Progress = Callable[[str, int, int], None]
+#: Entered with (name, checkpoint id, images folder) while CRIU writes a dump's images.
+BesideDump = Callable[[str, str, Path], AbstractContextManager[Any]]
 
 
 def _no_progress(phase: str, done: int, total: int) -> None:
@@ -24,16 +28,13 @@ def _no_progress(phase: str, done: int, total: int) -> None:
 
 
 class CheckpointBackend(Protocol):
-    """Start, checkpoint, restore and recover processes of one store (see the module docstring)."""
+    """Start, checkpoint, restore and recover processes of one store (see the module docstring).
+    Both implementations subclass it, so that the optional abilities at its end have defaults: a
+    backend that has one overrides it, and callers ask instead of checking a backend's class."""
 
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def keep_last(self) -> int: ...
-
-    @property
-    def max_bytes(self) -> int | None: ...
+    store: Store
+    keep_last: int
+    max_bytes: int | None
 
     def unavailable_reason(self) -> str | None:
         """None when checkpoints can be taken; else why not, in a sentence's words."""
@@ -56,3 +57,26 @@ class CheckpointBackend(Protocol):
     def recover_all(self, wait_s: float = ...) -> dict[str, Recovery]: ...
 
     def remove(self, target: str, kill: bool = False) -> builtins.list[str]: ...
+
+    # -- optional abilities: their defaults say the backend lacks them ------------------------
+    def cannot_fork(self) -> str | None:
+        """Why this backend makes no copies of a process (forks, save points); None when it does."""
+        return "its checkpoint backend does not copy processes"
+
+    def fork(self, name: str, count: int = 1, names: Sequence[str] | None = None, gpu: str | int | None = "auto",
+             detach: bool = True, gpu_bytes_beside: Mapping[str, int] | None = None,
+             checkpoint_id: str | None = None) -> builtins.list[Running]:
+        """``count`` copies of ``name``, each in namespaces of its own (see ``Checkpointer.fork``)."""
+        raise PreconditionError(f"Processes cannot be forked here: {self.cannot_fork()}.",
+                                "Suspend and restore work as before.")
+
+    def stream_dumps_to(self, beside: BesideDump) -> bool:
+        """Have each dump that stops its process enter ``beside`` (name, checkpoint id, images
+        folder) while CRIU writes the images, for an upload that ends soon after the dump; False
+        when this process cannot read the images as they are written (the daemon's store)."""
+        return False
+
+    def image_problem(self, ckpt: Checkpoint) -> str | None:
+        """Why the whole-process image of ``ckpt`` cannot run on this node; None when it can, or when
+        the backend finds that out on its own side (the daemon, at the restore)."""
+        return None

@@ -13,12 +13,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
 import psutil
 
+from .backend import BesideDump, CheckpointBackend
+from .criu import nodecompat
 from .criu.commands import Criu
 from .errors import CheckpointDamagedError, GPUCRError, StateError
 from .files import private_files
@@ -45,7 +46,7 @@ from .storage.store import Checkpoint, Store
 REMOVE_WAIT = 600.0
 
 
-class Checkpointer:
+class Checkpointer(CheckpointBackend):
     """Start, checkpoint, restore, list and remove checkpointable processes in one store."""
 
     def __init__(
@@ -79,7 +80,7 @@ class Checkpointer:
         #: upload to object storage that starts at once (``streamup``); its exit learns whether
         #: the dump succeeded. Not for a dump that leaves the process running (a fork's): that one
         #: is never uploaded.
-        self.beside_dump: Callable[[str, str, Path], AbstractContextManager[Any]] | None = None
+        self.beside_dump: BesideDump | None = None
         self._criu: Criu | None = None
 
     @property
@@ -258,6 +259,22 @@ class Checkpointer:
     def check_compatible(self, ckpt: Checkpoint) -> None:
         """Refuse checkpoints this machine cannot restore, before touching anything."""
         check_compatible(ckpt, self.criu.path)
+
+    # -- the optional abilities of a CheckpointBackend: this one has them all ------------------
+    def cannot_fork(self) -> str | None:
+        return None
+
+    def stream_dumps_to(self, beside: BesideDump) -> bool:
+        self.beside_dump = beside
+        return True
+
+    def image_problem(self, ckpt: Checkpoint) -> str | None:
+        why = self.unavailable_reason()
+        if why is None:
+            facts = cast(dict[str, Any], ckpt.manifest)
+            found = nodecompat.problems(ckpt.path, facts, self.criu.path)
+            why = "; ".join(found + nodecompat.differences(facts)) if found else None
+        return why
 
     def await_pages(self, name: str, timeout: float = PAGES_WAIT) -> None:
         """Return once no lazy restore of ``name`` is still bringing memory in (at once for an

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import psutil
 
+from ..core.backend import CheckpointBackend
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.files import fsync_trees, make_private_dir
 from ..core.process.launcher import Started
@@ -198,8 +199,13 @@ def _remove_in_daemon(client: DaemonClient, cid: str) -> None:
         pass
 
 
-class DaemonCheckpointer:
-    """A ``CheckpointBackend`` whose privileged work the gpucr daemon does."""
+class DaemonCheckpointer(CheckpointBackend):
+    """A ``CheckpointBackend`` whose privileged work the gpucr daemon does. It checks an image
+    against this node at the restore, on its side, and streams no dump (the images are the
+    daemon's); forks and save points are not available through it yet."""
+
+    def cannot_fork(self) -> str | None:
+        return "it checkpoints through the gpucr daemon, which does not fork or make save points yet"
 
     def __init__(self, store: Store | str | Path | None, socket_path: str | Path = DEFAULT_SOCKET, keep_last: int = 1,
                  max_bytes: int | None = None) -> None:

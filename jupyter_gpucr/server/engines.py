@@ -89,6 +89,10 @@ class SuspendEngine(ABC):
     def problem(self, km: Any) -> str | None:
         """Why this engine cannot suspend the kernel behind ``km``; None when it can."""
 
+    def available_because(self) -> str:
+        """What the kernel's state says when this engine was chosen because it can run."""
+        return f"{self.label} available"
+
     @abstractmethod
     def begin(self, kernel_id: str, km: Any, reason: str, extra: dict[str, Any], progress: Progress) -> Suspension:
         """Start writing the kernel's checkpoint; the suspender takes it from there (:class:`Suspension`)."""
@@ -111,6 +115,11 @@ class CriuEngine(SuspendEngine):
         super().__init__(checkpointer)
         self.backend = backend
         self.ports = ports  # the kernels' listening ports, held while they are on disk
+
+    def available_because(self) -> str:
+        if self.backend.kind == "daemon":
+            return f"whole process (CRIU + CUDA driver) {self.backend.why}"
+        return "whole process (CRIU + CUDA driver) available"
 
     def problem(self, km: Any) -> str | None:
         if self.backend.kind == "none":  # why this server launches no kernel through the gpucr provisioner
@@ -400,6 +409,4 @@ def choose_engine(engines: dict[str, SuspendEngine], km: Any, requested: str) ->
         return criu, "requested"
     if problem:
         return snapshot, f"whole-process engine unavailable: {problem}"
-    if isinstance(criu, CriuEngine) and criu.backend.kind == "daemon":
-        return criu, f"whole process (CRIU + CUDA driver) {criu.backend.why}"
-    return criu, "whole process (CRIU + CUDA driver) available"
+    return criu, criu.available_because()

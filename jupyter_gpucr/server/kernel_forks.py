@@ -19,7 +19,6 @@ from typing import Any
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_server._tz import utcnow
 
-from ..core.checkpointer import Checkpointer
 from ..core.errors import EngineError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
 from ..core.forks import netns
@@ -112,9 +111,10 @@ class KernelForker:
             raise NotFoundError(f"No kernel {kernel_id}.", "List kernels with GET /api/kernels.")
         if not 1 <= count <= MAX_FORKS:
             raise StateError(f"Cannot make {count} forks.", f"Ask for 1 to {MAX_FORKS}.")
-        if not isinstance(self.ops.checkpointer, Checkpointer):
-            raise PreconditionError("Kernels of this server cannot be forked: it checkpoints through the gpucr "
-                                    "daemon, which does not fork yet.", "Suspend and restore work as before.")
+        why_not = self.ops.checkpointer.cannot_fork()
+        if why_not:
+            raise PreconditionError(f"Kernels of this server cannot be forked: {why_not}.",
+                                    "Suspend and restore work as before.")
         return self.kernel_manager.get_kernel(kernel_id)
 
     def _check_state(self, kernel_id: str, km: Any) -> None:

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..core.backend import CheckpointBackend
-from ..core.checkpointer import Checkpointer
-from ..core.criu import nodecompat
 from ..core.storage.checksums import digest_tree
 from ..core.storage.store import Checkpoint, Manifest, Store
 from . import kernel_rpc
@@ -82,12 +80,6 @@ def instead(checkpointer: CheckpointBackend, ckpt: Checkpoint) -> tuple[Checkpoi
     run on this node; None when it can (or there is no copy: the restore then says why not)."""
     if ckpt.manifest.get("engine") != "criu" or not (ckpt.manifest.get("portable") or {}).get("files"):
         return None
-    if not isinstance(checkpointer, Checkpointer):  # through the daemon, which checks on its side
-        return None
-    why = checkpointer.unavailable_reason()
-    if why is None:
-        facts = cast(dict[str, Any], ckpt.manifest)
-        found = nodecompat.problems(ckpt.path, facts, checkpointer.criu.path)
-        why = "; ".join(found + nodecompat.differences(facts)) if found else None
+    why = checkpointer.image_problem(ckpt)
     copy = fallback(checkpointer.store, ckpt, why) if why else None
     return (copy, why) if copy is not None and why else None

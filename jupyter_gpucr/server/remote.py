@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Collection, Container
 from pathlib import Path
 from typing import Any
 
-from ..core.checkpointer import Checkpointer
+from ..core.backend import CheckpointBackend
 from ..core.errors import CheckpointDamagedError, GPUCRError
 from ..core.objectstore import leases, transfer
 from ..core.objectstore.bucket import ObjectStore, is_url
@@ -85,12 +85,11 @@ class RemoteKernels:
         self._shut_down: set[str] = set()  # kernels shut down whose objects are not deleted yet
         self._from_store: dict[str, dict[str, Any]] = {}  # the complete.json of what a restore here runs, made elsewhere
 
-    def stream_from(self, checkpointer: Any, final_folders: Collection[str] = ()) -> None:
+    def stream_from(self, checkpointer: CheckpointBackend, final_folders: Collection[str] = ()) -> None:
         """Upload each dump of ``checkpointer`` while CRIU writes it (S3; a checkpointer that runs
         CRIU in this process, whose images this server can read), and beside it the files in the
         process's ``final_folders``, written before the dump begins (offloaded tensors, saved variables)."""
-        if self.remote.is_s3 and isinstance(checkpointer, Checkpointer):
-            checkpointer.beside_dump = self._stream
+        if self.remote.is_s3 and checkpointer.stream_dumps_to(self._stream):
             self._final_folders = final_folders
 
     def _stream(self, name: str, cid: str, images: Path) -> StreamingUpload:

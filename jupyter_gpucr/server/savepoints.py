@@ -49,7 +49,6 @@ from typing import Any
 
 from tornado import web
 
-from ..core.checkpointer import Checkpointer
 from ..core.criu.images import read_image
 from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
@@ -270,9 +269,10 @@ class SavePoints:
     # -- helpers -------------------------------------------------------------------------
     def _kernel(self, kernel_id: str) -> Any:
         km = self.ops.kernel(kernel_id)
-        if not isinstance(self.ops.checkpointer, Checkpointer):
-            raise PreconditionError("This server checkpoints through the gpucr daemon, which does not make save "
-                                    "points yet.", "Suspend and restore work as before.")
+        why_not = self.ops.checkpointer.cannot_fork()
+        if why_not:
+            raise PreconditionError(f"Save points cannot be made on this server: {why_not}.",
+                                    "Suspend and restore work as before.")
         return km
 
     async def _check_running(self, km: Any) -> None:

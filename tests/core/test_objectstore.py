@@ -127,7 +127,7 @@ def test_images_upload_while_criu_writes_them(criu_path, s3, tmp_path):
         streams[cid] = StreamingUpload(remote, f"{name}/{cid}", images, "node-a")
         return streams[cid]
 
-    a.beside_dump = follow
+    a.stream_dumps_to(follow)
     a.run("agent", agent_command("cpu_agent.py", "160"))
     hello = wait_for_line(node_a.proc_dir("agent") / "stdout.log")
     a.checkpoint("agent", leave_running=True, reason="fork")
@@ -188,7 +188,7 @@ def test_files_final_before_the_dump_go_out_beside_it_and_a_failed_one_after_the
                 remote.call_s3("abort_multipart_upload", f"agent/{cid}/proc/gpu-tensors/1.bin", UploadId=held["1.bin"])
 
     streams: dict[str, StreamingUpload] = {}
-    a.beside_dump = follow
+    a.stream_dumps_to(follow)
     ckpt = a.checkpoint("agent")
     assert seen.get("0.bin", 0) >= 1, "no part of the tensors was in the store before the dump was over"
     moved = upload(remote, node_a, ckpt, streamed=streams[ckpt.id])
