@@ -12,6 +12,7 @@ import type { Page } from '@playwright/test';
 
 import {
   appendCell,
+  closeSessionsAndEmptyTrash,
   newNotebook,
   outputTexts,
   recordStatus,
@@ -56,12 +57,7 @@ test.describe('restore while the user types', () => {
   test.use({ kernels: null as any, sessions: null as any });
 
   test.afterEach(async ({ request }) => {
-    for (const session of await (await request.get('/api/sessions')).json()) {
-      await request.delete(`/api/sessions/${session.id}`);
-    }
-    for (const item of await (await request.get('/api/gpucr/trash')).json()) {
-      await request.delete(`/api/gpucr/trash/${item.id}`);
-    }
+    await closeSessionsAndEmptyTrash(request);
   });
 
   test('typing into a cell restores the suspended kernel ahead of the run', async ({

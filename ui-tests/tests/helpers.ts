@@ -2,7 +2,7 @@
  * Helpers shared by the UI tests (all against the real server extension).
  */
 import type { IJupyterLabPageFixture } from '@jupyterlab/galata';
-import type { Locator, Page } from '@playwright/test';
+import type { APIRequestContext, Locator, Page } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
 
@@ -354,5 +354,20 @@ export async function openNotebook(page: Page, path: string): Promise<string> {
         `${path} did not become the current notebook with its kernel in 60 s; current: ${JSON.stringify(current)}`
       );
     }
+  }
+}
+
+/**
+ * After a test: close every session (their kernels shut down, those on disk
+ * into the trash) and empty the trash, so the next test starts from none.
+ */
+export async function closeSessionsAndEmptyTrash(
+  request: APIRequestContext
+): Promise<void> {
+  for (const session of await (await request.get('/api/sessions')).json()) {
+    await request.delete(`/api/sessions/${session.id}`);
+  }
+  for (const item of await (await request.get('/api/gpucr/trash')).json()) {
+    await request.delete(`/api/gpucr/trash/${item.id}`);
   }
 }

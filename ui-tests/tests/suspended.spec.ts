@@ -23,6 +23,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 
 import {
+  closeSessionsAndEmptyTrash,
   currentKernelId,
   expectSuspended,
   kernelPids,
@@ -103,12 +104,7 @@ test.describe('suspended kernels in JupyterLab', () => {
   test.use({ kernels: null as any, sessions: null as any });
 
   test.afterEach(async ({ request }) => {
-    for (const session of await (await request.get('/api/sessions')).json()) {
-      await request.delete(`/api/sessions/${session.id}`);
-    }
-    for (const item of await (await request.get('/api/gpucr/trash')).json()) {
-      await request.delete(`/api/gpucr/trash/${item.id}`);
-    }
+    await closeSessionsAndEmptyTrash(request);
   });
 
   test('two suspended notebooks stay suspended until a cell runs in one', async ({

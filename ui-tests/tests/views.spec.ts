@@ -13,6 +13,7 @@ import { expect, test } from '@jupyterlab/galata';
 import type { Page } from '@playwright/test';
 
 import {
+  closeSessionsAndEmptyTrash,
   expectSuspended,
   newNotebook,
   recordStatus,
@@ -45,12 +46,7 @@ test.describe('what the views say', () => {
   test.use({ kernels: null as any, sessions: null as any });
 
   test.afterEach(async ({ request }) => {
-    for (const session of await (await request.get('/api/sessions')).json()) {
-      await request.delete(`/api/sessions/${session.id}`);
-    }
-    for (const item of await (await request.get('/api/gpucr/trash')).json()) {
-      await request.delete(`/api/gpucr/trash/${item.id}`);
-    }
+    await closeSessionsAndEmptyTrash(request);
   });
 
   test('an idle CPU kernel is suspended: no GPU step, no estimated total, and the notice says it was idle', async ({

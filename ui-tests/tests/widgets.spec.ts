@@ -11,6 +11,7 @@ import type { Page } from '@playwright/test';
 import * as fs from 'fs';
 
 import {
+  closeSessionsAndEmptyTrash,
   expectSuspended,
   newNotebook,
   openNotebook,
@@ -49,12 +50,7 @@ test.describe('widgets of a suspended kernel', () => {
   test.use({ kernels: null as any, sessions: null as any });
 
   test.afterEach(async ({ request }) => {
-    for (const session of await (await request.get('/api/sessions')).json()) {
-      await request.delete(`/api/sessions/${session.id}`);
-    }
-    for (const item of await (await request.get('/api/gpucr/trash')).json()) {
-      await request.delete(`/api/gpucr/trash/${item.id}`);
-    }
+    await closeSessionsAndEmptyTrash(request);
   });
 
   test('a reload draws the slider without a restore; moving it restores the kernel and the label follows', async ({
