@@ -187,7 +187,7 @@ def spawn_restore(cr: CheckpointerParts, name: str, images: Path, workdir: Path,
     raise AssertionError("unreachable")
 
 
-def runs_while_filled(used: list[dict[str, Any]]) -> bool:
+def runs_while_filled(used: list[gpus.GpuUse]) -> bool:
     """Whether the restored tree is continued before its memory is all in: a GPU process
     is, for the driver's restore (see :func:`restore_locked`)."""
     return bool(used)

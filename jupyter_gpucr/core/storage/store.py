@@ -30,6 +30,7 @@ from typing import Any, Literal, TypedDict, cast
 from ..criu.commands import at_work_in, drop_network_lock, dump_finished
 from ..errors import CheckpointDamagedError, NotFoundError, StateError
 from ..files import dir_size, fsync_path, fsync_tree, make_private_dir, tighten_permissions
+from ..gpu.gpus import GpuUse
 from ..jsonfile import read_json, write_json_atomic
 from ..process.procs import is_alive
 from ..process.record import ProcRecord
@@ -43,6 +44,17 @@ TRASH_INFO = "trash.json"
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("name", "created", "engine", "files")
 _ID_SUFFIX = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{6}$")
+
+
+class GpuRecord(TypedDict, total=False):
+    """The GPUs of a checkpointed process: those it used (with how much), the machine's, and the
+    driver it was checkpointed under."""
+
+    used: list[GpuUse]
+    all: list[str]  # the machine's GPU UUIDs
+    cuda_ns_pids: list[int]
+    driver_version: str | None
+    cuda_driver_version: str | None
 
 
 class Manifest(TypedDict, total=False):
@@ -67,7 +79,7 @@ class Manifest(TypedDict, total=False):
     leave_running: bool
     recovered: bool  # committed by recovery after its writer died
     criu: dict[str, Any]
-    gpu: dict[str, Any]  # used, all, cuda_ns_pids, driver versions
+    gpu: GpuRecord
     host: dict[str, Any]
     gpucr_version: str
     snapshot: dict[str, Any]
@@ -155,7 +167,7 @@ class CheckpointSummary(TypedDict):
     engine: Literal["criu", "snapshot"] | None
     reason: str | None
     gpu_model: str | None
-    gpus: list[dict[str, Any]]
+    gpus: list[GpuUse]
     kernel_id: str | None
     notebook_path: str | None
     path: str
