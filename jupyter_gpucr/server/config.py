@@ -232,8 +232,9 @@ class GPUCR(Configurable):
         help="Room kept free ahead ('17GiB'): after each restore or start that made room on a GPU (or under "
         "host_memory_budget), idle kernels there are suspended in the background, least recently used first and "
         "as room_policy and min_resident_s allow, until this much is free again; the next kernel to come back "
-        "then waits for its own restore only. One kernel's declared memory is a good value. Empty or 0: room is "
-        "made only when a kernel needs it.",
+        "then waits for its own restore only. The same room is kept on a GPU as kernels grow: after a cell of a "
+        "kernel holding memory there, idle kernels there are suspended (reason 'gpu-memory'), never that kernel. "
+        "One kernel's declared memory is a good value. Empty or 0: room is made only when a kernel needs it.",
     )
     budget_check_interval = Float(
         2.0, min=0.1, config=True,

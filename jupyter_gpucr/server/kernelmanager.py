@@ -61,9 +61,10 @@ class GPUCRKernelManager(ServerKernelManager):
 
     @observe("execution_state")
     def _cell_ended(self, change: Any) -> None:
-        """Kernels grow in cells: the host memory budget is checked as one ends (``pressure.py``)."""
+        """Kernels grow in cells: the host memory budget and the room kept free on this kernel's GPUs
+        are checked as one ends (``pressure.py``)."""
         if change["old"] == "busy" and change["new"] == "idle":
-            self.parent.runtime.growth.cell_ended()
+            self.parent.runtime.growth.cell_ended(self.kernel_id)
 
     async def start_kernel(self, *args: Any, **kwargs: Any) -> None:
         label = labels.given_at_start(kwargs.get("env"), self.kernel_spec.metadata if self.kernel_spec else {})

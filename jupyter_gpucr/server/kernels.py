@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .lifecycle import KernelLifecycle, KernelState
     from .remote import RemoteKernels
 
-#: The suspender's suspend, as the room calls it: the kernel, for a reason ("room", "memory").
+#: The suspender's suspend, as the room calls it: the kernel, for a reason ("room", "memory", "gpu-memory").
 SuspendKernel = Callable[[str, str], Awaitable[Any]]
 #: Stop processes started ahead of restores (``WarmStarts.drop_all``): how many were stopped.
 DropWarm = Callable[..., Awaitable[int]]

@@ -14,6 +14,8 @@ nothing before the limit, where the OOM killer comes), all by eventfd; on v2 its
 for one check, run on the event loop at most every ``MIN_GAP_S``. The check itself
 (``RoomMaker.hold_budget``) suspends idle kernels, least recently used first, only when what the
 kernels hold has passed the budget; a signal that finds the budget held costs one measurement.
+A cell's end also has the room kept free on the GPUs (``c.GPUCR.room_headroom``) checked where
+that cell's kernel holds GPU memory, with or without a budget: only a cell grows a kernel's GPU memory.
 """
 from __future__ import annotations
 
@@ -164,13 +166,15 @@ class _Watch(threading.Thread):
 
 
 class GrowthChecks:
-    """Runs the budget check (``check``) every ``interval`` s, when a cell ends and on memory
-    pressure, one at a time; see the module docstring. Nothing runs before :meth:`start` or without
-    a budget."""
+    """Runs the check (``check``, given the kernels whose cells ended since the last one) every
+    ``interval`` s, when a cell ends and on memory pressure, one at a time; see the module
+    docstring. Nothing runs before :meth:`start`, nor without a budget or checks after cells."""
 
-    def __init__(self, check: Callable[[], Awaitable[None]], log: Any) -> None:
+    def __init__(self, check: Callable[[frozenset[str]], Awaitable[None]], log: Any) -> None:
         self._check, self.log = check, log
         self._budget = 0
+        self._running = False  # a budget, or checks after cells
+        self._cells_ended: set[str] = set()
         self._cgroup: MemoryCgroup | None = None
         self._watch: _Watch | None = None
         self._task: asyncio.Task[None] | None = None
@@ -180,11 +184,13 @@ class GrowthChecks:
         self._why = ""
         self._oom_kills = 0
 
-    def start(self, budget: int, interval: float) -> None:
+    def start(self, budget: int, interval: float, after_cells: bool = False) -> None:
         """Check ``budget`` (bytes; 0: none) every ``interval`` s and watch for pressure, and say in
-        the log how the budget stands against the memory limit the server runs under."""
+        the log how the budget stands against the memory limit the server runs under; check after
+        each cell with a budget or ``after_cells`` (room kept free on the GPUs)."""
         self._cgroup = memcgroup.find()
         self._advise(budget)
+        self._running = after_cells or bool(budget)
         if not budget:
             return
         self._budget = budget
@@ -201,6 +207,7 @@ class GrowthChecks:
 
     def stop(self) -> None:
         self._budget = 0
+        self._running = False
         if self._every is not None:
             self._every.cancel()
             self._every = None
@@ -213,12 +220,14 @@ class GrowthChecks:
             await asyncio.sleep(interval)
             self.poke(f"every {interval:g} s")
 
-    def cell_ended(self) -> None:
-        self.poke("a cell ended")
+    def cell_ended(self, kernel_id: str) -> None:
+        if self._running:
+            self._cells_ended.add(kernel_id)
+            self.poke(f"a cell of kernel {kernel_id} ended")
 
     def poke(self, why: str) -> None:
         """Ask for a check: now, or once the one under way (or the last, ``MIN_GAP_S`` ago) is done."""
-        if not self._budget:
+        if not self._running:
             return
         self._why = why
         if self._task is None or self._task.done():
@@ -228,14 +237,15 @@ class GrowthChecks:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._budget:
+        while self._running:
             await asyncio.sleep(max(0.0, self._last + MIN_GAP_S - loop.time()))
             self._again, self._last = False, loop.time()
-            self.log.debug("gpucr: checking the host memory budget: %s", self._why)
+            cells_ended, self._cells_ended = frozenset(self._cells_ended), set()
+            self.log.debug("gpucr: checking what kernels grew into: %s", self._why)
             try:
-                await self._check()
+                await self._check(cells_ended)
             except Exception:  # a background task: nothing else would report it
-                self.log.exception("gpucr: checking the host memory budget failed")
+                self.log.exception("gpucr: checking what kernels grew into failed")
             self._say_oom_kills()
             if not self._again:
                 return

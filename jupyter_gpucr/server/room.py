@@ -13,7 +13,8 @@ With ``c.GPUCR.room_headroom`` the room is also made ahead: after each restore o
 kernels are suspended in the background until that much is free where it was made, so that the
 next user who comes back waits for their own restore only, not for another kernel's suspend too.
 A restore that needs room while such a suspend is under way waits for it rather than choose
-another victim.
+another victim. That room is also kept as kernels grow on a GPU: after a cell of a kernel that
+holds memory there (:meth:`RoomMaker.hold_growth`), the same way, for the reason ``gpu-memory``.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +139,15 @@ def decide(need: int, places: list[Place], rules: Rules) -> Decision:
     return Decision(need, None, why=_why_not(need, places, rules))
 
 
+def keep_free(place: Place, headroom: int, rules: Rules, spare: Collection[str] = ()) -> Decision | None:
+    """What keeps ``headroom`` free at ``place`` for the kernels to come: None while it is free;
+    else the idle kernels to suspend there as :func:`decide` chooses them, never those in
+    ``spare`` (the kernel room was just made for, those that just ran a cell), or no place and why."""
+    if place.free >= headroom:
+        return None
+    return decide(headroom, [_without(place, set(spare))], rules)
+
+
 def _why_not(need: int, places: list[Place], rules: Rules) -> str:
     if not places:
         return f"Nowhere to put {human(need)}."
@@ -170,8 +180,9 @@ def room_event_schema() -> dict[str, Any]:
         "properties": {
             "kernel_id": {"type": "string", "description": "The kernel that needs the room."},
             "for": {"enum": ["restore", "start", "headroom", "budget"],
-                    "description": "headroom: room made ahead, in the background (c.GPUCR.room_headroom); budget: the "
-                                   "kernels grew past c.GPUCR.host_memory_budget."},
+                    "description": "headroom: room made ahead, in the background (c.GPUCR.room_headroom), after a "
+                                   "restore or start, or after a cell of the kernel that grew into it on a GPU; "
+                                   "budget: the kernels grew past c.GPUCR.host_memory_budget."},
             "outcome": {"enum": ["fits", "suspending", "refused"]},
             "where": {"type": ["string", "null"], "description": "'on GPU 0', 'in host memory'; null: refused."},
             "need": {"type": "integer", "description": "Bytes."},
@@ -211,6 +222,7 @@ class RoomMaker:
         self._arrived: dict[str, float] = {}  # kernel id -> when it started or room was last made for it (epoch seconds)
         self._freeing: dict[str, asyncio.Task[None]] = {}  # place key -> the suspend ahead under way there
         self._over_budget_said = False  # the budget is passed and nothing may be suspended: logged once
+        self._short_said: set[str] = set()  # places short of the headroom where nothing may be suspended: logged once
         if event_logger is not None and ROOM_EVENT_ID not in event_logger.schemas.schema_ids:
             event_logger.register_event_schema(room_event_schema())
 
@@ -316,41 +328,69 @@ class RoomMaker:
     def headroom(self) -> int:
         return parse_size(self.options.room_headroom) if self.options.room_policy == "lru" else 0
 
-    def _ahead(self, kernel_id: str, need: Need, key: str) -> None:
-        """Start suspending idle kernels in the background until ``c.GPUCR.room_headroom`` is free
-        at ``key`` again (one pass at a time per place)."""
+    def _ahead(self, kernel_id: str, need: Need, key: str, reason: str = "room",
+               spare: frozenset[str] = frozenset()) -> None:
+        """Start suspending idle kernels (for ``reason``; never ``kernel_id`` nor ``spare``) in the
+        background until ``c.GPUCR.room_headroom`` is free at ``key`` again (one pass at a time per place)."""
         running = self._freeing.get(key)
         if running is not None and not running.done():
             return
-        task = asyncio.create_task(self._keep_headroom(kernel_id, need, key))
+        task = asyncio.create_task(self._keep_headroom(kernel_id, need, key, reason, spare))
         self._freeing[key] = task
         task.add_done_callback(lambda t: self._freeing.pop(key, None) if self._freeing.get(key) is t else None)
 
-    async def _keep_headroom(self, kernel_id: str, need: Need, key: str) -> None:
+    async def _keep_headroom(self, kernel_id: str, need: Need, key: str, reason: str, spare: frozenset[str]) -> None:
         try:
-            await self._suspend_ahead(kernel_id, need, key)
+            await self._suspend_ahead(kernel_id, need, key, reason, spare)
         except Exception:  # a background task: nothing else would report it
             self.log.exception("gpucr: keeping room free failed")
 
-    async def _suspend_ahead(self, kernel_id: str, need: Need, key: str) -> None:
+    async def _suspend_ahead(self, kernel_id: str, need: Need, key: str, reason: str, spare: frozenset[str]) -> None:
         headroom = self.headroom()
         async with self._lock:
             rules = self.rules(None)
             place = next((p for p in need.places(set()) if p.key == key), None)
-            if place is None or place.free >= headroom:
+            decision = keep_free(place, headroom, rules, {kernel_id, *spare}) if place else None
+            if place is None or decision is None:
+                self._short_said.discard(key)
                 return
-            decision = decide(headroom, [_without(place, {kernel_id})], rules)
-            if decision.place is None or not decision.victims:
+            if decision.place is None:
+                if key not in self._short_said:  # once until it is free again, not after every cell
+                    self.log.info("gpucr: c.GPUCR.room_headroom is not kept free %s: %s", place.where, decision.why)
+                    self._short_said.add(key)
                 return
             self._emit(kernel_id, "headroom", "suspending", decision, rules)
-            self.log.info("gpucr: keeping %s free %s: suspending %s ahead (least recently used, idle)",
-                          human(headroom), place.where, ", ".join(v.kernel_id for v in decision.victims))
+            victims = ", ".join(v.kernel_id for v in decision.victims)
+            if reason == "gpu-memory":
+                self.log.warning("gpucr: kernel %s grew %s, leaving less than %s free there: suspending %s (least "
+                                 "recently used, idle)", kernel_id, place.where, human(headroom), victims)
+            else:
+                self.log.info("gpucr: keeping %s free %s: suspending %s ahead (least recently used, idle)",
+                              human(headroom), place.where, victims)
         for victim in decision.victims:
             try:
-                await self._suspend_kernel(victim.kernel_id, "room")
+                await self._suspend_kernel(victim.kernel_id, reason)
             except GPUCRError as e:
                 self.log.warning("gpucr: kernel %s was not suspended ahead to keep room free: %s", victim.kernel_id, e)
         await self._settle(Need(headroom, need.places), key, skip=set())
+
+    async def hold_growth(self, cells_ended: frozenset[str]) -> None:
+        """What kernels grew into (``pressure.GrowthChecks``): the host memory budget, and after the
+        cells of ``cells_ended`` the room kept free on their GPUs."""
+        await self.hold_budget()
+        self.keep_gpu_headroom(cells_ended)
+
+    def keep_gpu_headroom(self, cells_ended: frozenset[str]) -> None:
+        """``c.GPUCR.room_headroom`` on each GPU where a kernel of ``cells_ended`` holds memory (GPU
+        memory grows in cells): where less is free, idle kernels there are suspended in the background
+        as after a restore, reason ``gpu-memory``, never those of ``cells_ended``."""
+        if not cells_ended or not self.headroom():
+            return
+        need = Need(self.headroom(), self._gpus_now)
+        for place in need.places(set()):
+            grown = next((r.kernel_id for r in place.residents if r.kernel_id in cells_ended), None)
+            if grown is not None and place.free < need.bytes:
+                self._ahead(grown, need, place.key, "gpu-memory", cells_ended)
 
     async def hold_budget(self) -> None:
         """The host memory budget as kernels grow (every ``budget_check_interval``): when what the
@@ -521,6 +561,9 @@ class RoomMaker:
         cands = [wanted] if wanted else sorted((g for g in machine if g.name == model),
                                                 key=lambda g: (g.uuid != original, -g.memory_free))
         return [self._gpu_place(g, skip) for g in cands if g.name == model]
+
+    def _gpus_now(self, skip: set[str]) -> list[Place]:
+        return [self._gpu_place(g, skip) for g in gpus.list_gpus()]
 
     def _gpu_place(self, g: gpus.Gpu, skip: set[str]) -> Place:
         """GPU ``g``; what the ``skip`` kernels hold on it counts as free: it is part of what they

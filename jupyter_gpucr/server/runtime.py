@@ -59,10 +59,10 @@ class GPUCRRuntime:
     forker: KernelForker
     savepoints: SavePoints
     _checks: list[PeriodicCallback] = field(default_factory=list)
-    growth: GrowthChecks = field(init=False)  # the budget checked after each cell and on memory pressure
+    growth: GrowthChecks = field(init=False)  # the budget and GPU headroom checked after each cell, and on memory pressure
 
     def __post_init__(self) -> None:
-        self.growth = GrowthChecks(self.room.hold_budget, self.log)
+        self.growth = GrowthChecks(self.room.hold_growth, self.log)
 
     @property
     def store(self) -> Store:
@@ -126,8 +126,8 @@ class GPUCRRuntime:
         self._start_checks()
 
     def _start_checks(self) -> None:
-        """Idle and expired kernels, and the host memory budget as kernels grow; each says in the
-        log what it does."""
+        """Idle and expired kernels, and the host memory budget and the GPUs' room kept free as
+        kernels grow; each says in the log what it does."""
         o = self.options
         self._every(o.idle_check_interval, self.suspender.check_kernels, o.idle_timeout > 0 or o.suspended_hours > 0)
         if o.idle_timeout > 0:
@@ -136,7 +136,10 @@ class GPUCRRuntime:
             self.log.info("gpucr: kernels suspended for more than %g h go to the trash", o.suspended_hours)
         if self.room.host_budget():
             self.log.info("gpucr: holding the host memory budget of %s as kernels grow", human(self.room.host_budget()))
-        self.growth.start(self.room.host_budget(), o.budget_check_interval)
+        if self.room.headroom():
+            self.log.info("gpucr: keeping %s free on each GPU as its kernels grow (checked after each cell)",
+                          human(self.room.headroom()))
+        self.growth.start(self.room.host_budget(), o.budget_check_interval, after_cells=bool(self.room.headroom()))
 
     def _every(self, seconds: float, check: Callable[[], Awaitable[None]], wanted: bool = True) -> None:
         if wanted:

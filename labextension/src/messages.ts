@@ -55,7 +55,7 @@ export function engineLabel(engine: string | null | undefined): string {
 }
 
 /** The reasons the server suspends a kernel for on its own (the status says which). */
-const SERVER_REASONS = ['idle', 'room', 'memory', 'server-stop'];
+const SERVER_REASONS = ['idle', 'room', 'memory', 'gpu-memory', 'server-stop'];
 
 /** Why a checkpoint was made, in the words the panel shows. */
 export function reasonLabel(reason: string | null | undefined): string {
@@ -66,6 +66,8 @@ export function reasonLabel(reason: string | null | undefined): string {
       return 'made room for another kernel';
     case 'memory':
       return 'host memory was needed';
+    case 'gpu-memory':
+      return 'GPU memory was needed';
     case 'server-stop':
       return 'the server stopped';
     default:
@@ -460,8 +462,9 @@ function suspendedNotice(current: IKernelState, name: string): INotice {
       ? `${name} was idle, so it was suspended to disk`
       : current.checkpoint?.reason === 'room'
         ? `${name} was idle, so it was suspended to disk to make room for another kernel`
-        : current.checkpoint?.reason === 'memory'
-          ? `${name} was idle, so it was suspended to disk: host memory was needed by other kernels`
+        : current.checkpoint?.reason === 'memory' ||
+            current.checkpoint?.reason === 'gpu-memory'
+          ? `${name} was idle, so it was suspended to disk: ${reasonLabel(current.checkpoint.reason)} by other kernels`
           : `${name} was suspended to disk` + (took ? ` in ${took}` : '');
   return {
     type: 'success',

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpucr.core.sizes import parse_size
-from jupyter_gpucr.server.room import Place, Resident, Rules, decide
+from jupyter_gpucr.server.room import Place, Resident, Rules, decide, keep_free
 
 GiB = 1 << 30
 NOW = 10_000.0
@@ -60,6 +60,26 @@ def test_policy_never_refuses_and_says_so():
     place = Place("a", "on GPU 0", 0, (idle("x", 9000),))
     d = decide(GiB, [place], rules(policy="never"))
     assert d.place is None and "room_policy is 'never'" in d.why
+
+
+def test_room_kept_free_asks_nothing_while_it_is_free():
+    place = Place("g", "on GPU 0", 2 * GiB, (idle("x", 9000),))
+    assert keep_free(place, 2 * GiB, rules()) is None
+
+
+def test_a_kernel_grown_into_the_room_kept_free_has_idle_ones_suspended_lru_first_never_itself():
+    place = Place("g", "on GPU 0", GiB // 2, (
+        idle("grown", 9000, 4 * GiB), idle("old", 5000), idle("older", 6000), idle("busy", 9000, busy=True)))
+    d = keep_free(place, 2 * GiB, rules(), spare={"grown"})
+    assert d is not None and d.place is not None
+    assert [v.kernel_id for v in d.victims] == ["older", "old"]
+
+
+def test_room_kept_free_says_why_when_only_spared_recent_or_others_kernels_hold_it():
+    place = Place("g", "on GPU 0", 0, (idle("grown", 9000), idle("recent", 10), idle("theirs", 9000, owner=1001)))
+    d = keep_free(place, GiB, rules(), spare={"grown"})
+    assert d is not None and d.place is None and not d.victims
+    assert "used in the last 300 s" in d.why and "another user's" in d.why
 
 
 @pytest.mark.parametrize("value,whole,expected", [

@@ -329,6 +329,18 @@ describe('transitionNotice', () => {
       /^Train\.ipynb was idle, so it was suspended to disk: host memory was needed by other kernels/
     );
     assert.equal(reasonLabel('memory'), 'host memory was needed');
+    assert.equal(reasonLabel('gpu-memory'), 'GPU memory was needed');
+    assert.match(
+      transitionNotice(
+        before,
+        kernel({
+          state: 'suspended',
+          checkpoint: { ...CHECKPOINT, id: 'ckpt-4', reason: 'gpu-memory' }
+        }),
+        label
+      )!.message,
+      /^Train\.ipynb was idle, so it was suspended to disk: GPU memory was needed by other kernels/
+    );
     assert.equal(reasonLabel('room'), 'made room for another kernel');
     assert.match(
       describeKernelState(full, NOW).title,
