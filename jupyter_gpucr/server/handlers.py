@@ -205,11 +205,12 @@ class DoctorHandler(GPUCRHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        """The doctor's checks as this server sees them: its store, its CRIU and its daemon."""
+        """The doctor's checks as this server sees them: its store, its CRIU and its daemon; and
+        what restoring ahead of use cost it (restores no run followed)."""
         options = self.runtime.options
         daemon = DaemonClient(options.daemon_socket) if options.daemon_socket else None
         checks = run_checks(self.runtime.store, options.criu_path or None, daemon)
-        self.finish(json.dumps(report(checks)))
+        self.finish(json.dumps(report([*checks, self.runtime.suspender.ahead_restores.check()])))
 
 
 class RoomHandler(GPUCRHandler):

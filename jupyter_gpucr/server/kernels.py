@@ -80,11 +80,20 @@ class KernelOperations(Protocol):
     def remember(self, kernel_id: str, km: Any) -> None: ...
 
 
+class RunsSeen(Protocol):
+    """Told of each ``execute_request`` a websocket sends to a kernel (:class:`~.unused_ahead.AheadRestores`)."""
+
+    def ran(self, kernel_id: str) -> None: ...
+
+
 class ConnectionHooks(Protocol):
-    """What a websocket connection asks of the suspender while its kernel is on disk
-    (:class:`~.service.KernelSuspender` is the one)."""
+    """What a websocket connection asks of the suspender while its kernel is on disk, and what it
+    tells it of the runs it sends (:class:`~.service.KernelSuspender` is the one)."""
 
     options: GPUCR
+
+    @property
+    def ahead_restores(self) -> RunsSeen: ...
 
     def saved_for(self, kernel_id: str) -> Any: ...
     def prefetch(self, kernel_id: str) -> None: ...

@@ -53,6 +53,7 @@ from .relist import Relister, latest
 from .remote import RemoteKernels
 from .room import RoomMaker
 from .trash import Trash
+from .unused_ahead import AheadRestores
 from .warm import WarmStarts
 
 #: How long a suspend waits for requests the kernel already received to finish.
@@ -108,6 +109,7 @@ class KernelSuspender:
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.stopping = False  # the server stops: kernels it shuts down stay on disk, listed at the next start
+        self.ahead_restores = AheadRestores(log, kernel_manager)  # restores ahead of use that no run followed
 
     @property
     def store(self) -> Store:
@@ -251,6 +253,7 @@ class KernelSuspender:
         connections to it close, the engine finishes, and the connections answer from disk. On any
         failure the kernel runs on, reconnected, and says why."""
         km = await self._suspendable(kernel_id)
+        self.ahead_restores.leaving(kernel_id)
         engine, why = choose_engine(self.engines, km, engine_name or self.options.engine)
         if self.remote:  # a store that does not answer leaves the kernel running
             await self.remote.check()
@@ -301,6 +304,7 @@ class KernelSuspender:
             self.lifecycle.transition(kernel_id, RUNNING, "failed", **failure(err))
             raise err from (None if err is e else e)
         self.kernel_manager.settle_connections(kernel_id)
+        self.ahead_restores.left(kernel_id, "suspended again")
         self.log.debug("gpucr: suspended kernel %s with %s (%s, %d MiB in %.2f s)", kernel_id, engine.name, reason,
                        ckpt.size >> 20, st.timings.get("total", 0))
         if self.remote:
@@ -393,6 +397,7 @@ class KernelSuspender:
     def restarting(self, kernel_id: str) -> None:
         """The process room was made for is gone; the start that follows makes room again."""
         self.room.forget(kernel_id)
+        self.ahead_restores.left(kernel_id, "restarted")
 
     def set_label(self, kernel_id: str, label: Any) -> None:
         """Label the kernel (see :mod:`.labels`), for this server and the next."""
@@ -420,7 +425,8 @@ class KernelSuspender:
 
     async def _resume_ahead(self, kernel_id: str, gpu: str | None) -> None:
         try:
-            await self.resume(kernel_id, gpu, ahead=True)
+            with self.ahead_restores.restoring(kernel_id):
+                await self.resume(kernel_id, gpu, ahead=True)
         except GPUCRError as e:  # the kernel stays on disk, its failure in its state as for any restore
             self.log.warning("gpucr: kernel %s, restored ahead of use, was not restored: %s", kernel_id, e)
 
@@ -597,6 +603,7 @@ class KernelSuspender:
         self.saved.forget(kernel_id)
         self.prefetcher.forget(kernel_id)
         self.room.forget(kernel_id)
+        self.ahead_restores.left(kernel_id, "shut down")
         self.ports.release(kernel_id)
         self._untrashed_at.pop(kernel_id, None)
 

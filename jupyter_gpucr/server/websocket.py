@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_client.jsonutil import json_default
@@ -97,6 +98,7 @@ class _TrackedChannels(ZMQChannelsWebsocketConnection):
     said_busy: set[str]  # requests gpucr said busy for: the kernel's own busy for each is not sent on
     server_requests: set[str]  # the kernel's: requests made by the server's own connections to it
     internal_session: str  # the kernel manager's session: the server's own clients of the kernel
+    ran: Callable[[], None]  # an execute_request goes to the kernel (``unused_ahead.py``)
 
     @default("session")
     def _default_session(self) -> Session:
@@ -106,6 +108,8 @@ class _TrackedChannels(ZMQChannelsWebsocketConnection):
         parsed = parse_ws_message(incoming_msg, self.subprotocol, self.session)
         if parsed and parsed[1].get("msg_type", "").endswith("_request"):
             self.in_flight.add(parsed[1]["msg_id"])
+            if parsed[1]["msg_type"] == "execute_request":
+                self.ran()
         super().handle_incoming_message(incoming_msg)
 
     def handle_outgoing_message(self, stream: Any, outgoing_msg: list[Any]) -> None:
@@ -300,6 +304,7 @@ class GPUCRWebsocketConnection(BaseKernelWebsocketConnection):
         live.in_flight = self._in_flight
         live.said_busy = self._said_busy
         live.internal_session = self.kernel_manager.session.session
+        live.ran = lambda: self.suspender.ahead_restores.ran(self.kernel_id)
         return live
 
     def _answer_queue(self) -> None:
