@@ -7,8 +7,9 @@
  * poller.ts, the panel's lists in lists.ts), the state logic in state.ts and
  * its words in messages.ts, the views in statusbar.tsx, panel.tsx,
  * kernelindicator.ts and running.ts, the commands in commands.ts (Fork
- * Kernel in fork.ts, save points in savepoints.tsx), the restart dialog in
- * dialogs.ts, the UI plugin's features in features.ts.
+ * Kernel in fork.ts, save points in savepoints.tsx, "Save Point, then Run"
+ * in savethenruncommand.ts), the restart dialog in dialogs.ts, the UI
+ * plugin's features in features.ts.
  *
  * Five plugins: the model (shared); three that replace JupyterLab's own
  * (disabled in package.json), for what JupyterLab 4.6 has no extension point
@@ -62,6 +63,7 @@ import { GpucrNotifier } from './notifications';
 import { RestoreAhead } from './restoreahead';
 import { addRunningSection } from './running';
 import { addSavePointCommands } from './savepoints';
+import { addSaveThenRunCommand } from './savethenruncommand';
 import { trashHours } from './serverconfig';
 import { GpucrSettings } from './settings';
 import { IGpucrModel, PLUGIN_ID } from './tokens';
@@ -187,6 +189,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       label
     });
     addSavePointCommands({ commands, model, tracker, label });
+    addSaveThenRunCommand({ commands, model, tracker, label });
     if (palette) {
       addPaletteItems(palette);
     }

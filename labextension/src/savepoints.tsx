@@ -22,6 +22,7 @@ import type { ISavePoint } from './types';
 
 export const SavePointCommandIDs = {
   save: 'gpucr:save-point',
+  saveThenRun: 'gpucr:save-then-run',
   goBack: 'gpucr:go-back'
 };
 
@@ -56,10 +57,49 @@ const changed = new Signal<object, string>({});
 /** A kernel's save points changed (taken, gone back to). */
 export const savePointsChanged: ISignal<object, string> = changed;
 
-function errorText(error: unknown, name: string): string {
+/** A failed request in plain words: the server's message and hint, kernel ids replaced by `name`. */
+export function errorText(error: unknown, name: string): string {
   return error instanceof GpucrRequestError
     ? plainError(error.message, error.reason, name)
     : String((error as Error)?.message ?? error);
+}
+
+/**
+ * Take a save point of `kernelId` (`name` is how the user calls the kernel),
+ * with a notification while it is taken and once it is; when it cannot be
+ * taken, that notification closes and the error is thrown, for the caller
+ * to say.
+ */
+export async function takeSavePointNoticed(
+  model: GpucrModel,
+  kernelId: string,
+  savePointName: string | null,
+  name: string
+): Promise<ISavePoint> {
+  const pending = Notification.emit(
+    `Taking a save point of ${name}…`,
+    'in-progress',
+    { autoClose: false }
+  );
+  let sp: ISavePoint;
+  try {
+    sp = await model.client.takeSavePoint(kernelId, savePointName);
+  } catch (error) {
+    Notification.dismiss(pending);
+    throw error;
+  }
+  const paused =
+    typeof sp.paused_s === 'number'
+      ? `, paused ${sp.paused_s.toFixed(1)} s`
+      : '';
+  Notification.update({
+    id: pending,
+    message: `Save point of ${name} (${formatBytes(sp.size)}${paused}). Go back to it from the Suspended Kernels panel.`,
+    type: 'success',
+    autoClose: 5000
+  });
+  changed.emit(kernelId);
+  return sp;
 }
 
 export function addSavePointCommands(ctx: ISavePointContext): void {
@@ -86,38 +126,20 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
         return;
       }
       const name = ctx.label(kernelId);
-      const pending = Notification.emit(
-        `Taking a save point of ${name}…`,
-        'in-progress',
-        {
-          autoClose: false
-        }
-      );
       try {
-        const sp = await model.client.takeSavePoint(
+        await takeSavePointNoticed(
+          model,
           kernelId,
-          (args.name as string) || null
+          (args.name as string) || null,
+          name
         );
-        const paused =
-          typeof sp.paused_s === 'number'
-            ? `, paused ${sp.paused_s.toFixed(1)} s`
-            : '';
-        Notification.update({
-          id: pending,
-          message: `Save point of ${name} (${formatBytes(sp.size)}${paused}). Go back to it from the Suspended Kernels panel.`,
-          type: 'success',
-          autoClose: 5000
-        });
-        changed.emit(kernelId);
       } catch (error) {
-        Notification.update({
-          id: pending,
-          message: fitToast(
+        Notification.error(
+          fitToast(
             `Could not take a save point of ${name}: ${errorText(error, name)}`
           ),
-          type: 'error',
-          autoClose: false
-        });
+          { autoClose: false }
+        );
       }
     }
   });
