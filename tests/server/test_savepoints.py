@@ -116,7 +116,14 @@ async def test_fork_from_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
     await _run(jp_ws_fetch, kid, "w = 'then'")
     sp = await fetch_json(jp_fetch, *_api(kid), method="POST", body={})
     await _run(jp_ws_fetch, kid, "w = 'now'")
+    session = await _run(jp_ws_fetch, kid, "print(get_ipython().history_manager.session_number)")
     made = await fetch_json(jp_fetch, *_api(kid, sp["id"], "fork"), method="POST", body={})
     (fork,) = [k["id"] for k in made["kernels"]]
     assert await _run(jp_ws_fetch, fork, "print(w)") == "then"
     assert await _run(jp_ws_fetch, kid, "print(w)") == "now"
+    # going back to it after the fork: the history is as it was then too (had the fork taken the save
+    # point's copy of it, IPython would find its next lines taken and move to a new session)
+    await fetch_json(jp_fetch, *_api(kid, sp["id"], "restore"), method="POST", body={})
+    await _run(jp_ws_fetch, kid, "w = 'again'")
+    assert await _run(jp_ws_fetch, kid, "h = get_ipython().history_manager\nh.writeout_cache()\n"
+                                        "print(h.session_number)") == session

@@ -50,7 +50,7 @@ from ..gpu import gpus
 from ..process.procs import is_alive
 from ..process.record import ProcRecord
 from ..process.running import Running
-from ..storage.store import Checkpoint, Store
+from ..storage.store import Checkpoint, Store, is_save_point
 from . import netns
 
 
@@ -121,7 +121,8 @@ def fork(cp: Copier, name: str, count: int = 1, names: Sequence[str] | None = No
                 except BaseException as e:  # noqa: BLE001 - every fork is waited for before any is undone
                     outcomes.append(e)
     finally:
-        shutil.rmtree(_kept_dir(cp.store.proc_dir(name), ckpt), ignore_errors=True)
+        if not is_save_point(ckpt):  # a save point's copies stay, for the next fork or going back to it
+            shutil.rmtree(_kept_dir(cp.store.proc_dir(name), ckpt), ignore_errors=True)
     failed = [(new, o) for new, o in zip(wanted, outcomes) if isinstance(o, BaseException)]
     if failed:
         error = _said_of_the_fork(cp, name, *failed[0])
