@@ -44,9 +44,11 @@ class CheckpointBackend(Protocol):
 
     def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
-                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = ()) -> Checkpoint:
+                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = (),
+                   incremental: bool = False) -> Checkpoint:
         """A complete checkpoint of ``target``. ``before_dump`` runs once the GPU is free and
-        before CRIU freezes the process; if it raises, the process runs on as before."""
+        before CRIU freezes the process; if it raises, the process runs on as before.
+        ``incremental``: only what changed since the last save point, where that can be done."""
 
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
                 progress: Progress = _no_progress, detach: bool = True,

@@ -37,6 +37,7 @@ from .steps.contract import Progress, RestoreCheck, no_progress
 from .steps.dump import write_checkpoint
 from .steps.pages import PAGES_WAIT, wait_for_pages
 from .steps.restore import ChangedWhileFilled, restore_locked
+from .storage import chain
 from .storage.locks import exclusive
 from .storage.openfiles import OpenFiles
 from .storage.store import Checkpoint, Store
@@ -171,9 +172,12 @@ class Checkpointer(CheckpointBackend):
     # -- checkpoint ----------------------------------------------------------------------
     def checkpoint(self, target: str | int, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = no_progress,
-                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = ()) -> Checkpoint:
+                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = (),
+                   incremental: bool = False) -> Checkpoint:
         """Write a verified checkpoint of the process; without ``leave_running`` it is gone
-        afterwards and its GPU memory is free. ``before_dump`` runs once the GPU is released and
+        afterwards and its GPU memory is free. ``incremental`` (with ``leave_running``: a save
+        point): only the pages written since the process's last such checkpoint, where the kernel
+        tracks them (``steps/incremental.py``; the manifest's ``memory`` says what was done). ``before_dump`` runs once the GPU is released and
         before CRIU freezes the process (a process finishing work it started before the
         checkpoint, without the GPU); if it raises, the process runs on as before.
         ``also_durable``: folders beside the image that the checkpoint needs (a kernel's offloaded
@@ -197,7 +201,7 @@ class Checkpointer(CheckpointBackend):
                 raise lost
             self.release_network_locks()  # each dump adds one; the host has room for 1024
             return write_checkpoint(self, name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
-                                    before_dump, list(also_durable))
+                                    before_dump, list(also_durable), incremental)
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, name: str, count: int = 1, names: Sequence[str] | None = None, gpu: str | int | None = "auto",
@@ -329,7 +333,7 @@ class Checkpointer(CheckpointBackend):
                 os.kill(namespace_init_of(pid) or pid, signal.SIGKILL)
                 wait_gone(pid, 10)
             removed = self.store.checkpoint_ids(name)  # damaged ones too: the user asked for all of it
-            for cid in removed:
+            for cid in chain.takers_first(self.store, removed):  # none copies in the pages of one going too
                 self.store.delete(cid)
         self.store.remove_proc(name)
         return removed

@@ -6,6 +6,7 @@ these rules, so they live here, below all of them.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from collections import deque
 from collections.abc import Iterable
@@ -118,3 +119,15 @@ def _newest_data(fd: int, start: int, limit: int) -> deque[tuple[int, int]]:
             else:
                 total -= end - first
     return ranges
+
+
+_RENAME_EXCHANGE = 2  # <linux/fs.h>
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two paths of one file system in one step (``renameat2`` with ``RENAME_EXCHANGE``):
+    whoever looks finds either the old or the new directory at each, never neither."""
+    if _libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), _RENAME_EXCHANGE) != 0:  # AT_FDCWD
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a), None, str(b))

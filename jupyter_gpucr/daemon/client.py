@@ -227,10 +227,12 @@ class DaemonCheckpointer(CheckpointBackend):
 
     def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
-                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = ()) -> Checkpoint:
+                   before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = (),
+                   incremental: bool = False) -> Checkpoint:
         """See ``Checkpointer.checkpoint``: the daemon asks for ``before_dump`` once the GPU is free,
         before CRIU freezes the process. What ``before_dump`` raises is raised here (the daemon
-        left the process running)."""
+        left the process running). Its dumps are full: ``incremental`` asks for save points' dumps,
+        which the daemon does not make (``cannot_fork``)."""
         fsync_trees(also_durable)  # on disk before the daemon's dump ends the process
         failed: list[BaseException] = []
 

@@ -59,13 +59,16 @@ class SourceCheckpoint:
 
 
 async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, reason: str = "fork",
-                             extra: dict[str, Any] | None = None, detach: str | None = None) -> SourceCheckpoint:
+                             extra: dict[str, Any] | None = None, detach: str | None = None,
+                             incremental: bool = False) -> SourceCheckpoint:
     """See the module docstring. Raises (the kernel running, with its tensors if at all possible)
     when the checkpoint cannot be made. ``reason`` and ``extra``: the checkpoint's (a save point's
     are ``savepoint`` and its name: ``server/savepoints.py``). ``detach`` (the kernel's
     execution state, reported meanwhile): the server's own connections to the kernel are closed
     for the dump, as for a suspend, and opened again after it: an image restored under the kernel's own id, in the host's network (a save point gone
-    back to), must hold no connection to this server (a fork's namespace cuts them instead)."""
+    back to), must hold no connection to this server (a fork's namespace cuts them instead).
+    ``incremental``: the dump holds only what changed since the kernel's last save point, where
+    the kernel tracks written pages (``core/steps/incremental.py``)."""
     store = ops.store
     offload_to = store.proc_dir(kernel_id) / OFFLOAD_DIR
     kept = store.proc_dir(kernel_id) / FORK_TENSORS
@@ -84,7 +87,8 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
                     await ops.kernel_manager.detach_kernel(kernel_id, detach)
                     detached = True
                 ckpt = made = await asyncio.to_thread(ops.checkpointer.checkpoint, kernel_id, True, reason,
-                                                      {**(extra or {}), "offload": moved.get("offload")})
+                                                      {**(extra or {}), "offload": moved.get("offload")},
+                                                      incremental=incremental)
                 report["dump"] = made.manifest.get("timings", {})
                 await asyncio.to_thread(keep_written_files, made, store.proc_dir(kernel_id))
                 if offload_to.is_dir():

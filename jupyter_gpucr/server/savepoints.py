@@ -24,16 +24,16 @@ kernel is made; the kernel itself is not touched.
 Only the server's own whole-process engine makes save points (not through the gpucr daemon,
 not the snapshot engine); going back is refused with object storage (``c.GPUCR.store`` a URL).
 
-Every save point is a full dump (CPU kernel, 2 cores: paused 0.6-0.9 s with 64 MiB of arrays,
-1.4-2.1 s with 1 GiB; ``bench/bench_savepoints.py``). The way to make later ones cheap is CRIU's
-memory tracking: dump with ``--track-mem``, then the next with ``--prev-images-dir`` pointing at
-the previous save point's images, which writes only the pages dirtied since (the images get a
-``parent`` link). Not done yet, because: gpucr's page daemon (``core/criu/pagefill.py``) refuses
-images with pages in a parent, so their restores would need CRIU's own reading or pagefill
-support; the limit drops the oldest save point, which a newer one's chain may still need (keep
-parents while a child needs them, or fold them in); ``Store.copy_checkpoint`` hard-links files
-and would have to keep the ``parent`` link; and the GPU tensors moved out for each save point are
-written in full (those unchanged since the last one could be hard links to its files).
+Save points share the pages that did not change (``core/storage/chain.py``). Where the machine's
+kernel tracks the pages a process writes, a running kernel's second and later save points are
+dumped incrementally (CRIU's ``--track-mem`` against its last save point: only the pages written
+since, which shortens its pause; ``core/steps/incremental.py``). Where it does not (no
+CONFIG_MEM_SOFT_DIRTY: the machines this was built on), every dump is full and says why in its
+``memory``; the previous save point is then rewritten to take its unchanged pages from the new
+one, after the pause (the newest holds all its pages, so going back to it restores as fast as
+ever, and dropping the oldest copies nothing). Either way only the changed pages stay on disk
+more than once, and a save point whose pages another takes copies them in before it goes. The
+GPU tensors moved out for each save point are written in full.
 """
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ from ..core.criu.images import read_image
 from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
 from ..core.forks.copies import KEPT_FILES, _flat, keep_written_files
+from ..core.storage import chain
 from ..core.storage.store import SAVE_POINT, Checkpoint, is_save_point
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR, SuspendEngine
@@ -101,7 +102,8 @@ class SavePoints:
         extra = sum(f.stat().st_size for f in tensors.iterdir()) if tensors.is_dir() else 0
         return {"id": ckpt.id, "kernel_id": ckpt.name, "name": sp.get("name"), "created": ckpt.created,
                 "size": ckpt.size + extra, "cell": sp.get("cell"), "kernel_state": sp.get("kernel_state"),
-                "paused_s": sp.get("paused_s"), "kind": ckpt.kind}
+                "paused_s": sp.get("paused_s"), "kind": ckpt.kind, "parent": ckpt.manifest.get("parent"),
+                "memory": ckpt.manifest.get("memory")}
 
     # -- save ----------------------------------------------------------------------------
     async def save(self, kernel_id: str, name: str | None = None) -> dict[str, Any]:
@@ -118,7 +120,7 @@ class SavePoints:
             details = {"name": name, "cell": await self._last_cell(kernel_id, km, state), "kernel_state": state}
             if state == RUNNING:
                 source = await checkpoint_running(self.ops, kernel_id, km, SAVE_POINT, {"savepoint": details},
-                                                  detach=idle)
+                                                  detach=idle, incremental=True)
                 ckpt, pause = source.checkpoint, source.report
                 if source.tensors is not None:
                     make_private_dir(self.store.proc_dir(kernel_id) / TENSORS)
@@ -133,6 +135,7 @@ class SavePoints:
                 await asyncio.to_thread(keep_written_files, ckpt, self.store.proc_dir(kernel_id))
             else:
                 raise StateError(f"The kernel is {state}.", "Take a save point once it is running or suspended.")
+            shared = await asyncio.to_thread(self._share_with, ckpt)
             dropped = self._apply_limit(kernel_id)
         out = self.summary(ckpt)
         out["took_s"] = round(time.perf_counter() - t0, 3)
@@ -140,9 +143,29 @@ class SavePoints:
             out["paused_s"] = pause.get("paused_s")
             out["pause"] = pause
         out["dropped"] = dropped
+        out["shared"] = shared
         self.ops.log.info("gpucr: save point %s of kernel %s (%s, %d MiB)", ckpt.id, kernel_id, name or "unnamed",
                               out["size"] >> 20)
         return out
+
+    def _share_with(self, ckpt: Checkpoint) -> dict[str, Any] | None:
+        """Where the new save point holds all its pages (a full dump, or a copy of the checkpoint
+        a suspended kernel is in), the previous one takes those it has unchanged from it instead
+        (see the module docstring). What was shared: the previous save point, and its bytes before
+        and after; None when nothing was (the new one is incremental, or the first)."""
+        if ckpt.manifest.get("parent"):
+            return None
+        older = [c for c in self._of(ckpt.name) if c.id != ckpt.id and not c.manifest.get("parent")]
+        if not older:
+            return None
+        previous, t0 = older[-1], time.perf_counter()
+        try:
+            now = chain.share_pages(self.store, previous.id, ckpt.id)
+        except (GPUCRError, OSError) as e:  # it stays as it was: whole, only bigger
+            self.ops.log.warning("gpucr: save point %s keeps all its pages: %s", previous.id, e)
+            return None
+        return {"id": previous.id, "size_before": previous.size, "size_after": now.size,
+                "seconds": round(time.perf_counter() - t0, 3)}
 
     def _apply_limit(self, kernel_id: str) -> list[str]:
         """Drop the oldest save points past ``c.GPUCR.max_save_points``."""

@@ -9,6 +9,7 @@ import json
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from jupyter_gpucr.core.criu import pagemaps
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
 
@@ -127,3 +128,52 @@ async def test_fork_from_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
     await _run(jp_ws_fetch, kid, "w = 'again'")
     assert await _run(jp_ws_fetch, kid, "h = get_ipython().history_manager\nh.writeout_cache()\n"
                                         "print(h.session_number)") == session
+
+
+async def test_save_points_keep_unchanged_pages_once(jp_fetch, jp_ws_fetch, jp_serverapp):
+    """Two save points of a running kernel whose cell changed a little of its memory: one takes the
+    unchanged pages from the other (CRIU's parent link) and holds only the changed ones; going
+    back to either gives its values; the one whose pages the other takes is deleted, and going
+    back to the other still gives its values. Where the kernel tracks written pages the second
+    save point's dump is incremental; where not (this machine), the dump is full, says why, and
+    the first one takes its unchanged pages from the second."""
+    runtime = jp_serverapp.kernel_manager.runtime
+    kid = (await new_session(jp_fetch, "share.ipynb"))["kernel"]["id"]
+    await _run(jp_ws_fetch, kid, "import numpy as np\nx = 1\na = np.ones(64 << 17)")  # 64 MiB
+    first = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "one"})
+    await _run(jp_ws_fetch, kid, "x = 2\na[:1000] = 2")
+    second = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "two"})
+    tracked = runtime.checkpointer.criu.dirty_tracking
+    assert second["memory"]["dump"] == ("incremental" if tracked else "full"), second
+    if not tracked:
+        assert "CONFIG_MEM_SOFT_DIRTY" in second["memory"]["why_full"] and second["shared"]["id"] == first["id"], second
+
+    listed = {s["id"]: s for s in await fetch_json(jp_fetch, *_api(kid))}
+    child, parent = ((second, first) if tracked else (first, second))
+    x = 1 if child is first else 2  # the child's values: x, and a's sum
+    values = f"{x} {(64 << 17) + (x - 1) * 1000}"
+    assert listed[child["id"]]["parent"] == parent["id"] and listed[parent["id"]]["parent"] is None, listed
+    store = runtime.store
+    child_images, parent_images = store.get(child["id"]).images, store.get(parent["id"]).images
+    assert (child_images / "parent").resolve() == parent_images.resolve()
+    whole = pagemaps.own_page_bytes(parent_images)
+    assert whole > 64 << 20 and pagemaps.own_page_bytes(child_images) < whole // 8
+    assert listed[child["id"]]["size"] < listed[parent["id"]]["size"] // 4, listed
+
+    await _run(jp_ws_fetch, kid, "x = 3")
+    await fetch_json(jp_fetch, *_api(kid, first["id"], "restore"), method="POST", body={})
+    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == f"1 {64 << 17}"
+    await fetch_json(jp_fetch, *_api(kid, second["id"], "restore"), method="POST", body={})
+    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == f"2 {(64 << 17) + 1000}"
+    (fork,) = [k["id"] for k in (await fetch_json(jp_fetch, *_api(kid, child["id"], "fork"), method="POST",
+                                                  body={}))["kernels"]]
+    assert await _run(jp_ws_fetch, fork, "print(x, int(a.sum()))") == values
+
+    # the one whose pages the other takes goes: the other copies them in first
+    await jp_fetch(*_api(kid, parent["id"]), method="DELETE")
+    (left,) = await fetch_json(jp_fetch, *_api(kid))
+    assert left["id"] == child["id"] and left["parent"] is None, left
+    assert pagemaps.own_page_bytes(store.get(child["id"]).images) > 64 << 20
+    store.get(child["id"]).verify("images")
+    await fetch_json(jp_fetch, *_api(kid, child["id"], "restore"), method="POST", body={})
+    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == values

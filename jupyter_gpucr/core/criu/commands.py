@@ -295,10 +295,14 @@ class Criu:
         return proc.returncode == 0 and "Looks good" in out, out
 
     def dump(self, pid: int, images: Path, workdir: Path, leave_running: bool = False,
-             keep_log: Path | None = None, leave_stopped: bool = False) -> float:
+             keep_log: Path | None = None, leave_stopped: bool = False, track_mem: bool = False,
+             prev_images: str | None = None) -> float:
         """Dump the tree rooted at host PID ``pid`` into ``images``; return the seconds it took.
         Afterwards the tree runs on (``leave_running``), stays stopped (``leave_stopped``: the
-        caller ends it) or is killed.
+        caller ends it) or is killed. ``track_mem``: the kernel starts tracking the pages written
+        from now on (:attr:`dirty_tracking`), and ``prev_images`` (relative to ``images``: the
+        images of the tree's last such dump) receives the pages not written since, for a dump
+        that holds only the others (CRIU's ``parent`` link).
 
         On failure CRIU resumes the tree, so the process keeps running; we raise with the reason,
         and CRIU's log is copied to ``keep_log`` (the work directory is discarded).
@@ -312,6 +316,8 @@ class Criu:
             argv.append("--leave-running")
         elif leave_stopped:
             argv.append("--leave-stopped")
+        if track_mem:
+            argv += ["--track-mem", *(["--prev-images-dir", prev_images] if prev_images else [])]
         thaw = self.before_seize(pid) if self.before_seize is not None else None
         namespaces: list[int] = []
         try:
@@ -373,6 +379,17 @@ class Criu:
         ``workdir/LAZY_SOCKET``, serves the restored tree's page faults from the images and
         copies the remaining pages in behind them, then exits."""
         return [self.path, "lazy-pages", "-D", str(images), "-W", str(workdir), "-o", LAZY_LOG]
+
+    @functools.cached_property
+    def dirty_tracking(self) -> bool:
+        """Whether this kernel tracks the pages a process writes (soft-dirty bits,
+        CONFIG_MEM_SOFT_DIRTY), which incremental dumps need (``--track-mem``); asked once per binary."""
+        try:
+            proc = subprocess.run([self.path, "check", "--feature", "mem_dirty_track"], capture_output=True, text=True,
+                                  timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return proc.returncode == 0
 
     @functools.cached_property
     def lazy_pages_supported(self) -> bool:

@@ -47,7 +47,7 @@ STUCK_S = 5.0  # how long a copy may find its mapping gone before the unmap's me
 
 # CRIU image framing: two magic words, then entries of (u32 size, protobuf message).
 _IMG_COMMON, _PAGEMAP_MAGIC = 0x54564319, 0x56084025
-_PE_PARENT, _PE_LAZY, _PE_PRESENT = 1, 2, 4
+_PE_LAZY, _PE_PRESENT = 2, 4
 
 # <linux/userfaultfd.h>
 _UFFD_EVENT_PAGEFAULT, _UFFD_EVENT_REMOVE, _UFFD_EVENT_UNMAP = 0x12, 0x15, 0x16
@@ -142,10 +142,10 @@ def read_pagemap(images: str, pid: int) -> Pagemap:
     offset = 0
     for e in entries[1:]:
         flags, nr = e.get(4, 0), e.get(5) or e.get(2, 0)  # CRIU 4 moved nr_pages to field 5
-        if flags & _PE_PARENT:
-            raise FillError("incremental checkpoints (pages in a parent image) are not supported")
         if not flags & _PE_PRESENT:
-            continue  # zero pages: nothing in the file, read as zeros once the process runs
+            # zero pages: nothing in the file, read as zeros once the process runs; pages of a
+            # parent (an incremental dump's, never lazy): CRIU's restore reads them itself
+            continue
         if flags & _PE_LAZY:
             pm.ranges.append((e[1], nr * PAGE, offset))
         offset += nr * PAGE

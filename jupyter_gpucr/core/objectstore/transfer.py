@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..criu.images import read_image
-from ..errors import CheckpointDamagedError
+from ..errors import CheckpointDamagedError, PreconditionError
 from ..files import make_private_dir, tighten_permissions
 from ..jsonfile import read_json, write_json_atomic
 from ..process.record import ProcRecord
@@ -84,7 +84,12 @@ def upload(remote: ObjectStore, store: Store, ckpt: Checkpoint, progress: Progre
     there with its size, then write ``complete.json`` (what older checkpoints go afterwards is
     :mod:`.retention`'s business). The local copy is kept. ``streamed``: what was
     uploaded beside the dump (the images as CRIU wrote them, the files final before it; only what it
-    did not finish is sent). Returns what moved."""
+    did not finish is sent). Returns what moved. A checkpoint whose images take pages from
+    another's (a save point's, ``storage/chain.py``) is refused: the store holds whole checkpoints."""
+    if ckpt.manifest.get("parent"):
+        raise PreconditionError(f"Checkpoint {ckpt.id} takes its unchanged pages from checkpoint "
+                                f"{ckpt.manifest['parent']}, and object storage holds only whole checkpoints.",
+                                "Upload a checkpoint of the suspended process instead (its suspend writes one).")
     t0 = time.perf_counter()
     name, proc_dir = ckpt.name, store.proc_dir(ckpt.name)
     mark_pending(ckpt, remote)

@@ -46,3 +46,4 @@ class ProcRecord(TypedDict, total=False):
     files: dict[str, str]  # a fork's own copies of the files its source had open for writing
     copied_files: list[str]  # files of its folder that are copies of those its image had open (a trash entry's)
     moved_from: str  # the process's folder on the node whose checkpoint was downloaded here (core/objectstore/transfer.py)
+    memory_tracked: dict[str, Any]  # its last dump that tracked written pages: checkpoint, pid, start (core/steps/incremental.py)

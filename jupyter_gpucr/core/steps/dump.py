@@ -28,6 +28,7 @@ from ..process.record import ProcRecord
 from ..storage import openfiles
 from ..storage.checksums import DigestWhileWriting
 from ..storage.store import Checkpoint, Manifest
+from . import incremental as incremental_dumps
 from .background import in_background
 from .contract import CheckpointerParts, Progress, no_progress
 from .putback import put_back_from
@@ -35,7 +36,8 @@ from .putback import put_back_from
 
 def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int, leave_running: bool, reason: str,
                      extra: dict[str, Any], progress: Progress,
-                     before_dump: Callable[[], None] | None, also_durable: list[Path]) -> Checkpoint:
+                     before_dump: Callable[[], None] | None, also_durable: list[Path],
+                     incremental: bool = False) -> Checkpoint:
     """Checkpoint the running ``pid`` of ``name`` (the name's lock held; see
     :meth:`~jupyter_gpucr.core.checkpointer.Checkpointer.checkpoint`)."""
     t0 = time.perf_counter()
@@ -53,12 +55,14 @@ def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int
     if kept_files is not None:
         kept_files.check_size(pids, rec.get("cwd"))
     cuda_ns_pids = [innermost_pid(p) for p in cuda_pids]
+    memory = incremental_dumps.plan(cr, rec, pid, incremental and leave_running)
     cid, tmp = cr.store.new_checkpoint_dir(name)
     nodecompat.warm(criu.path)  # this node's cpuinfo image, kept with the checkpoint
     timings: dict[str, float] = {}
     locked: list[int] = []
     try:
-        intent = _intent(cr, name, rec, pid, ns_pid, cuda_ns_pids, used, machine_gpus, reason, leave_running, extra)
+        intent = _intent(cr, name, rec, pid, ns_pid, cuda_ns_pids, used, machine_gpus, reason, leave_running,
+                         {**extra, "memory": memory.record(), **({"parent": memory.parent.id} if memory.parent else {})})
         cr.store.write_intent(tmp, intent)
         progress("gpu-checkpoint", 0, estimate)
         timings["checks"] = time.perf_counter() - t0  # what runs before the GPU is touched
@@ -82,11 +86,13 @@ def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int
         with _DirProgress(tmp / "images", estimate, progress), DigestWhileWriting(tmp / "images") as digests, beside:
             timings["dump"] = criu.dump(pid, tmp / "images", tmp, leave_running=leave_running,
                                         leave_stopped=not leave_running,
-                                        keep_log=cr.store.proc_dir(name) / "dump-failed.log")
+                                        keep_log=cr.store.proc_dir(name) / "dump-failed.log",
+                                        track_mem=memory.track, prev_images=memory.prev_images)
         timings.update(dump_stats(tmp))
     except BaseException as e:
         problems = cuda.put_back(locked)
         cr.store.discard(tmp)
+        _forget_tracking(cr, name, rec, memory, pid)
         if problems:
             raise EngineError(f"{e} Putting the GPU state back also failed: {'; '.join(problems)}",
                               "The process may be stuck; check it with nvidia-smi.") from e
@@ -118,9 +124,10 @@ def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int
     except BaseException as e:
         if leave_running:
             cr.store.discard(tmp)
+            _forget_tracking(cr, name, rec, memory, pid)
             raise EngineError(f"Finishing the checkpoint failed: {e}. The process kept running.") from e
         raise put_back_from(cr, tmp, name, rec, cuda_ns_pids, e, pid) from e
-    rec = {**rec, "checkpoint": cid}
+    rec = {**incremental_dumps.recorded(rec, memory, cid, pid), "checkpoint": cid}
     if not leave_running:
         stop_for_good(pid)
         rec.update({"state": "checkpointed", "pid": None, "suspended_at": time.time()})
@@ -128,6 +135,14 @@ def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int
     cr.store.apply_retention(name, cr.keep_last, cr.max_bytes)
     progress("done", estimate, estimate)
     return ckpt
+
+
+def _forget_tracking(cr: CheckpointerParts, name: str, rec: ProcRecord, memory: incremental_dumps.MemoryPlan,
+                     pid: int) -> None:
+    """After a dump that wrote no checkpoint: the kernel may have started tracking written pages
+    anew, so the last tracked dump is no parent for the next."""
+    if rec.get("memory_tracked"):
+        cr.store.write_proc(name, incremental_dumps.recorded(rec, memory, None, pid))
 
 
 def _check_resources(cr: CheckpointerParts, estimate: int, gpu_bytes: int) -> None:

@@ -73,7 +73,12 @@ def _digests(files: list[Path], done: dict[Path, list[bytes]] | None = None,
 
 def digest_tree(root: Path) -> dict[str, dict[str, int | str]]:
     """Map each regular file below ``root`` (relative path) to its size and digest."""
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    return digest_files(root, [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink()])
+
+
+def digest_files(root: Path, names: list[str]) -> dict[str, dict[str, int | str]]:
+    """Size and digest of each of the files ``names`` (relative to ``root``), as :func:`digest_tree` gives them."""
+    files = [root / n for n in sorted(names)]
     return {str(p.relative_to(root)): {"size": p.stat().st_size, ALGORITHM: d}
             for p, d in zip(files, _digests(files))}
 

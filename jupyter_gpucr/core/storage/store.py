@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict, cast
 
 from ..criu.commands import at_work_in, drop_network_lock, dump_finished
+from ..criu.pagemaps import MAX_CHAIN
 from ..errors import CheckpointDamagedError, NotFoundError, StateError
 from ..files import dir_size, fsync_path, fsync_tree, make_private_dir, tighten_permissions
 from ..gpu.gpus import GpuUse
 from ..jsonfile import read_json, write_json_atomic
 from ..process.procs import is_alive
 from ..process.record import ProcRecord
+from . import chain
 from .checksums import find_mismatches
 from .names import validate_name
 
@@ -91,6 +93,8 @@ class Manifest(TypedDict, total=False):
     savepoint: dict[str, Any]  # a save point's name, last cell and state (server/savepoints.py)
     from_savepoint: str  # the save point a process went back to (this checkpoint is its copy)
     open_files: dict[str, Any]  # the files its process holds open, for a restore elsewhere (core/storage/openfiles.py)
+    parent: str  # the checkpoint its images take unchanged pages from (core/storage/chain.py)
+    memory: dict[str, Any]  # how the dump took the memory: incremental or full, and why full (core/steps/incremental.py)
 
 
 def read_record(proc_dir: Path) -> ProcRecord:
@@ -202,10 +206,28 @@ class Checkpoint:
         """"gpu" when the process used a GPU when it was checkpointed, else "cpu"."""
         return "gpu" if self.manifest.get("gpu", {}).get("used") else "cpu"
 
+    def ancestors(self) -> list[Checkpoint]:
+        """The checkpoints whose pages this one's images take (its parent, that one's...), nearest
+        first; CheckpointDamagedError when one is gone (see ``chain.py``)."""
+        found: list[Checkpoint] = []
+        parent = self.manifest.get("parent")
+        while parent:
+            path = self.path.parent / parent
+            if not path.is_dir() or len(found) >= MAX_CHAIN:
+                raise _damaged(self.path, f"the checkpoint {parent} its images take pages from is "
+                               + ("missing" if not path.is_dir() else f"past a chain of {MAX_CHAIN}"))
+            found.append(Checkpoint(parent, path, read_manifest(path)))
+            parent = found[-1].manifest.get("parent")
+        return found
+
     def verify(self, payload: str, contents: bool = True) -> None:
-        """Refuse a damaged checkpoint (it stays on disk); ``contents=False`` checks only that every
-        file is there with its size, the part that takes no time."""
+        """Refuse a damaged checkpoint (it stays on disk), or one whose parents are (those it takes
+        pages from); ``contents=False`` checks only that every file is there with its size, the
+        part that takes no time."""
         problems = find_mismatches(self.path / payload, self.manifest["files"], contents)
+        for ancestor in self.ancestors():
+            problems += [f"{ancestor.id}/{p}" for p in find_mismatches(ancestor.path / payload, ancestor.manifest["files"],
+                                                                       contents)]
         if problems:
             raise CheckpointDamagedError(
                 f"Checkpoint {self.id} is damaged: {'; '.join(problems[:5])}.",
@@ -317,12 +339,17 @@ class Store:
         fsync_tree(tmp)
         timings = {**manifest.get("timings", {}), "fsync": time.perf_counter() - t0}
         manifest = {**manifest, "format_version": FORMAT_VERSION, "id": cid, "timings": timings}
-        write_json_atomic(tmp / MANIFEST, manifest)
+        self.write_manifest(tmp, manifest)
         fsync_path(tmp)
         final = self.checkpoints_root / cid
         os.rename(tmp, final)
         fsync_path(self.checkpoints_root)
         return Checkpoint(cid, final, manifest)
+
+    @staticmethod
+    def write_manifest(path: Path, manifest: Manifest) -> None:
+        """The manifest of the checkpoint directory ``path``, on disk (not its directory's entry)."""
+        write_json_atomic(path / MANIFEST, manifest)
 
     def discard(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
@@ -379,10 +406,17 @@ class Store:
         return Checkpoint(cid, path, read_manifest(path))
 
     def delete(self, cid: str) -> None:
-        """Remove a checkpoint for good (a damaged one too), with the network lock its dump left."""
+        """Remove a checkpoint for good (a damaged one too), with the network lock its dump left;
+        the checkpoints that take pages from it copy them in first (``chain.release``)."""
         path = self.checkpoints_root / validate_name(cid, "checkpoint id")
         if not path.is_dir():
             raise NotFoundError(f"No checkpoint {cid!r} in {self.root}.", "Run 'gpucr ls' to list them.")
+        try:
+            read_manifest(path)
+        except CheckpointDamagedError:
+            pass  # a damaged one gives no pages (nothing could take pages from it)
+        else:
+            chain.release(self, cid)
         drop_network_lock(path / "images")
         self._remove_dir(path)
 
@@ -419,15 +453,19 @@ class Store:
                         drop: tuple[str, ...] = ()) -> Checkpoint:
         """A new checkpoint of the same process holding the same images, made of hard links to
         them (instant, no space): its manifest is the original's with a new id, ``created`` now,
-        ``reason``, ``extra`` added and the keys in ``drop`` removed. A save point of a suspended
-        process, and the copy of a save point a process goes back to, are made so; neither
-        touches the original (a restore only reads its images)."""
+        ``reason``, ``extra`` added and the keys in ``drop`` removed; it takes pages from the
+        original's parent, if any, as the original does. A save point of a suspended process, and
+        the copy of a save point a process goes back to, are made so; neither touches the
+        original (a restore only reads its images)."""
         src = self.get(cid)
         new_cid, tmp = self.new_checkpoint_dir(src.name)
         try:
             for dirpath, dirnames, filenames in os.walk(src.path):
                 rel = Path(dirpath).relative_to(src.path)
                 for d in dirnames:
+                    if (Path(dirpath) / d).is_symlink():  # CRIU's parent link, the same from the copy
+                        os.symlink(os.readlink(Path(dirpath) / d), tmp / rel / d)
+                        continue
                     make_private_dir(tmp / rel / d)
                 for f in filenames:
                     if rel == Path(".") and f in (MANIFEST, INTENT):
@@ -446,10 +484,13 @@ class Store:
         process folder as they are now (its record, logs, history: what the checkpoint's restore
         needs) and the folders in ``move`` moved there; return the trash id. Restoring it from
         the trash (:meth:`untrash`) brings it back under ``name`` once nothing else uses the name.
-        The state a process leaves when it goes back to a save point goes there."""
+        The state a process leaves when it goes back to a save point goes there. Moved alone, it
+        takes no pages from another checkpoint, and none takes pages from it (``chain.py``)."""
         src = self.checkpoints_root / validate_name(cid, "checkpoint id")
         if not src.is_dir():
             raise NotFoundError(f"No checkpoint {cid!r} in {self.root}.", "Run 'gpucr ls' to list them.")
+        chain.release(self, cid)
+        chain.standalone(self, cid)
         tid = new_id(name)
         entry = make_private_dir(self.trash_root / tid)
         write_json_atomic(entry / TRASH_INFO, {**(details or {}), "id": tid, "name": name, "trashed_at": time.time(),
@@ -601,8 +642,9 @@ class Store:
 
     # -- garbage ------------------------------------------------------------------------
     def remove_leftover_deletions(self) -> list[str]:
-        """Finish deletions that were interrupted (``.del-*``)."""
-        done = []
+        """Finish deletions that were interrupted (``.del-*``), and remove what interrupted
+        rewrites of checkpoints left (``chain.py``)."""
+        done = chain.remove_unfinished(self.checkpoints_root)
         for root in (self.checkpoints_root, self.trash_root):
             for p in root.glob(".del-*"):
                 shutil.rmtree(p, ignore_errors=True)
