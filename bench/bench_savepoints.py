@@ -1,16 +1,17 @@
 """Save points of a running kernel (issue 44): how long the kernel is paused for each, how long the
 request takes, how many bytes each keeps, and how long going back takes (to the newest and to the
-first, each a few seconds after the last). The kernel holds ``--mb`` MiB of NumPy and, with ``--gpu-gb N``, a CUDA tensor of N GiB
-(PyTorch, a GPU machine: the W2-like case, whose tensors a save point moves out into files and
-back); before each save point a cell changes ``--change`` percent of both.
+first, each a few seconds after the last). The kernel holds ``--mb`` MiB of NumPy and, with
+``--gpu-gb N``, a CUDA tensor of N GiB (PyTorch, a GPU machine: the W2-like case, whose tensors a
+save point moves out into files and back); before each save point a cell changes ``--change``
+percent of both.
 
 Where the machine's kernel tracks the pages a process writes, the second and later save points'
 dumps are incremental (CRIU's --track-mem against the previous one: only the pages written since,
 a shorter pause). Where it does not (no CONFIG_MEM_SOFT_DIRTY: `criu check --feature
-mem_dirty_track` fails, as on the CPU VM and the H200 machines so far), every dump is full (`memory`
-in each row says which and why), and after the pause the previous save point is rewritten to take
-its unchanged pages from the new one (`shared`: its bytes before and after, and how long that took,
-which counts in the request, not the pause). The GPU tensors are moved out in full for each.
+mem_dirty_track` fails, as on the CPU VM), every dump is full (`memory` in each row says which and
+why), and after the pause the previous save point is rewritten to take its unchanged pages from the
+new one (`shared`: its bytes before and after, and how long that took, which counts in the request,
+not the pause). The GPU tensors are moved out in full for each.
 
     python bench/bench_savepoints.py [--mb 1024] [--count 3] [--change 1] [--gpu-gb N]
                                      [--store DIR] [--json-out FILE]

@@ -74,6 +74,12 @@ def _check_criu(criu_path: str | None) -> list[Check]:
               "restores bring memory in with many threads, or lazily" if paged else "not available to CRIU",
               "" if paged else "Restores fall back to CRIU reading the memory with one thread (about 1.5 GB/s). "
               "Needs a kernel with userfaultfd (CONFIG_USERFAULTFD) and its non-cooperative events.", required=False),
+        Check("dirty-page tracking", criu.dirty_tracking,
+              "save points after the first hold only the pages written since" if criu.dirty_tracking
+              else "not in this kernel: every save point is a full dump",
+              "" if criu.dirty_tracking else "Unchanged pages are still kept once (the older save point takes them from "
+              "the newer after the pause), but each pause is a full dump's. Needs a kernel with CONFIG_MEM_SOFT_DIRTY.",
+              required=False),
     ]
 
 
