@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jupyter_gpucr.core.criu.commands import drop_network_locks  # noqa: E402
 from tests.agent_servers import Served, kill_leftovers  # noqa: E402
 from tests.kernel_ws import execute  # noqa: E402
 
@@ -117,8 +118,11 @@ async def bench(mb: int, count: int, change: float, gpu_gb: float, store: Path |
     finally:
         served.stop()
         kill_leftovers(tmp)
-        if store != tmp / "store":
-            shutil.rmtree(store, ignore_errors=True)
+        # the network locks of the dumps never restored (the states going back left in the trash), then the
+        # store: it holds every save point's memory
+        drop_network_locks([p.parent for p in store.rglob("inventory.img")])
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -127,7 +131,7 @@ def main() -> None:
     p.add_argument("--count", type=int, default=3)
     p.add_argument("--change", type=float, default=1.0, help="percent of the state changed before each save point")
     p.add_argument("--gpu-gb", type=float, default=0.0, help="GiB of a CUDA tensor in the kernel as well (PyTorch)")
-    p.add_argument("--store", type=Path, help="the store (default: a temporary folder); removed afterwards")
+    p.add_argument("--store", type=Path, help="the store (default: a temporary folder); removed afterwards, as the server's folder")
     p.add_argument("--json-out")
     args = p.parse_args()
     result = asyncio.run(bench(args.mb, args.count, args.change, args.gpu_gb, args.store))
