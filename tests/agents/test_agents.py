@@ -28,6 +28,7 @@ from tests.agent_servers import TOKEN, Served, kernel_processes, kill_leftovers
 from tests.conftest import criu_or_skip
 
 IDLE = ("--GPUCR.idle_timeout=3", "--GPUCR.idle_check_interval=1", "--GPUCR.suspend_connected=True")
+LISTING = ("--JupyterWebsocketPersonality.list_kernels=True",)
 # Clients that send no credentials: jupyter_server's gateway client on its websocket (checked in 2.21),
 # OpenHands' plugin on every request (it starts its gateway without a token).
 NO_TOKEN = {"test_jupyter_client_through_the_websocket", "test_openhands_jupyter_kernel"}
@@ -42,7 +43,9 @@ def served(request, tmp_path) -> Iterator[Served]:
     """Started here, waited for in the test (async fixtures need a plugin this suite does not use)."""
     criu_or_skip()
     token = "" if request.function.__name__ in NO_TOKEN else TOKEN
-    options, env = IDLE, None
+    # the tests find the kernel a framework started by listing (_only_kernel): a gateway lists only
+    # with list_kernels=True, as Kernel Gateway's own /api/kernels does
+    options, env = (*IDLE, *LISTING) if request.param == "gateway" else IDLE, None
     if request.function.__name__ == "test_openhands_jupyter_kernel" and request.param == "gateway":
         options, env = (), openhands_runtime(tmp_path)
     s = Served(request.param, tmp_path / "root", tmp_path / "store", *options, token=token, env=env)
@@ -109,7 +112,8 @@ async def test_autogen_executor_goes_on_after_a_server_restart(served: Served, t
         assert (await run("x = 41\nprint('set')")).strip() == "set"
         kid = await _only_kernel(served)
         assert served.stop() == 0  # the kernel goes to disk with the server
-        again = Served(served.kind, tmp_path / "root", tmp_path / "store", token=TOKEN, port=served.port)
+        listing = LISTING if served.kind == "gateway" else ()
+        again = Served(served.kind, tmp_path / "root", tmp_path / "store", *listing, token=TOKEN, port=served.port)
         await again.wait_ready()
         with pytest.raises(websockets.exceptions.ConnectionClosed):
             await run("x += 1\nprint(x)")
@@ -179,7 +183,8 @@ def openhands_runtime(tmp_path: Path) -> dict[str, str]:
     config = tmp_path / "jupyter-config"
     config.mkdir()
     (config / "jupyter_kernel_gateway_config.py").write_text(
-        "c.GPUCR.idle_timeout = 3\nc.GPUCR.idle_check_interval = 1\nc.GPUCR.suspend_connected = True\n")
+        "c.GPUCR.idle_timeout = 3\nc.GPUCR.idle_check_interval = 1\nc.GPUCR.suspend_connected = True\n"
+        "c.JupyterWebsocketPersonality.list_kernels = True\n")
     return {"KG_API": "jupyter_gpucr.gateway", "JUPYTER_CONFIG_DIR": str(config)}
 
 
