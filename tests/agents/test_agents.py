@@ -147,6 +147,13 @@ async def test_jupyter_client_through_the_websocket(served: Served) -> None:
     await served.wait_ready()
     GatewayClient.clear_instance()
     GatewayClient.instance(url=served.url, auth_token=TOKEN)
+    try:
+        await _through_the_gateway_client(served)
+    finally:  # else every jupyter server this process makes later takes itself for a gateway's client
+        GatewayClient.clear_instance()
+
+
+async def _through_the_gateway_client(served: Served) -> None:
     kid = await served.start_kernel()
     client = GatewayKernelClient(kernel_id=kid)
     await client.start_channels()
@@ -173,7 +180,6 @@ async def test_jupyter_client_through_the_websocket(served: Served) -> None:
     finally:
         client.stop_channels()
         await served.wait_ready()
-    GatewayClient.clear_instance()
 
 
 def openhands_runtime(tmp_path: Path) -> dict[str, str]:

@@ -41,7 +41,8 @@ def gateway(request, tmp_path):
     config = tmp_path / "slow_restore.py"
     config.write_text(SLOW_RESTORE.format(delay=str(delay)))
     token = "" if "openhands" in request.function.__name__ else TOKEN
-    gw = Served("gateway", tmp_path / "root", tmp_path / "store", f"--config={config}", token=token)
+    gw = Served("gateway", tmp_path / "root", tmp_path / "store", f"--config={config}",
+                "--JupyterWebsocketPersonality.list_kernels=True", token=token)  # the tests list the kernels
     gw.delay = delay
     try:
         yield gw
