@@ -702,9 +702,16 @@ def test_a_process_that_forks_while_its_memory_is_filled_is_restored_again_stopp
 
 def test_a_child_that_exits_while_the_memory_is_filled_needs_none_of_it(suspended_to_run_while_filled):
     """A process of the tree may exit before its memory is all in (its copies find no process):
-    the rest of the tree is restored whole."""
-    cr, hello, ckpt = suspended_to_run_while_filled("parent", "child")
-    cr.restore("parent")
-    assert _restored_lines(cr, "parent", 2)[1] == {"digest": hello["digest"], "dropped": True}
-    log = (ckpt.path / "lazy-pages.log").read_text()
-    assert re.search(r"\b1 tasks exited meanwhile", log), log
+    the rest of the tree is restored whole. The child exits as soon as it runs after the restore;
+    on a busy machine it may first run after the half-second fill, so the case is tried again then."""
+    logs = []
+    for attempt in range(4):
+        name = f"parent-{attempt}"
+        cr, hello, ckpt = suspended_to_run_while_filled(name, "child")
+        cr.restore(name)
+        assert _restored_lines(cr, name, 2)[1] == {"digest": hello["digest"], "dropped": True}
+        logs.append((ckpt.path / "lazy-pages.log").read_text())
+        if re.search(r"\b1 tasks exited meanwhile", logs[-1]):
+            return
+        assert re.search(r"\b0 tasks exited meanwhile", logs[-1]), logs[-1]  # filled before it ran: whole too
+    pytest.fail("the child never exited while the memory was filled:\n" + "\n".join(logs))
