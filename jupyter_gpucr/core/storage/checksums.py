@@ -13,12 +13,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Final, TypedDict
 
 import xxhash
 
 from .writeback import start_writeback
 
-ALGORITHM = "xxh3_128"
+ALGORITHM: Final = "xxh3_128"
 CHUNK = 256 << 20
 _READ = 16 << 20
 #: Threads that hash a dump's chunks while CRIU writes it: enough to keep up with CRIU's one
@@ -26,6 +27,13 @@ _READ = 16 << 20
 _BESIDE_THE_DUMP = max(1, min(4, (os.cpu_count() or 1) // 4))
 
 ChunkDigest = Callable[[Path, int, int], bytes]
+
+
+class FileDigest(TypedDict):
+    """A file of a checkpoint: its size and XXH3-128 digest (the manifest's ``files``)."""
+
+    size: int
+    xxh3_128: str
 
 
 def _chunk_digest(path: Path, offset: int, length: int) -> bytes:
@@ -71,12 +79,12 @@ def _digests(files: list[Path], done: dict[Path, list[bytes]] | None = None,
     return [xxhash.xxh3_128_hexdigest(b"".join(d)) for d in per_file]
 
 
-def digest_tree(root: Path) -> dict[str, dict[str, int | str]]:
+def digest_tree(root: Path) -> dict[str, FileDigest]:
     """Map each regular file below ``root`` (relative path) to its size and digest."""
     return digest_files(root, [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink()])
 
 
-def digest_files(root: Path, names: list[str]) -> dict[str, dict[str, int | str]]:
+def digest_files(root: Path, names: list[str]) -> dict[str, FileDigest]:
     """Size and digest of each of the files ``names`` (relative to ``root``), as :func:`digest_tree` gives them."""
     files = [root / n for n in sorted(names)]
     return {str(p.relative_to(root)): {"size": p.stat().st_size, ALGORITHM: d}
@@ -128,7 +136,7 @@ class DigestWhileWriting:
         self._to_disk.submit(start_writeback, path, offset, CHUNK)  # the commit's fsync finds it (mostly) on disk
         return digest
 
-    def result(self) -> dict[str, dict[str, int | str]]:
+    def result(self) -> dict[str, FileDigest]:
         """Digests of every file below ``root``, like :func:`digest_tree`; call after the writer ended."""
         done = {p: [f.result() for f in chunks] for p, chunks in self._chunks.items()}
         self._pool.shutdown()
@@ -143,7 +151,7 @@ def _lowest_priority() -> None:
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def find_mismatches(root: Path, expected: dict[str, dict[str, int | str]], contents: bool = True) -> list[str]:
+def find_mismatches(root: Path, expected: dict[str, FileDigest], contents: bool = True) -> list[str]:
     """Return human-readable problems; empty when every file is present and intact (without
     ``contents``: present with its size)."""
     problems, present = [], []

@@ -36,7 +36,7 @@ from ..jsonfile import read_json, write_json_atomic
 from ..process.procs import is_alive
 from ..process.record import ProcRecord
 from . import chain
-from .checksums import find_mismatches
+from .checksums import FileDigest, find_mismatches
 from .names import validate_name
 
 PROC_RECORD = "run.json"
@@ -59,6 +59,23 @@ class GpuRecord(TypedDict, total=False):
     cuda_driver_version: str | None
 
 
+class LostVariable(TypedDict, total=False):
+    """A variable the kernel's own snapshot could not keep."""
+
+    name: str
+    type: str
+    reason: str
+
+
+class SnapshotRecord(TypedDict, total=False):
+    """What a kernel's snapshot of its variables kept and lost (``gpucr_hooks.snapshot``)."""
+
+    kept: list[str]
+    lost: list[LostVariable]
+    bytes: int | None
+    devices: dict[str, Any]
+
+
 class Manifest(TypedDict, total=False):
     """A checkpoint's manifest (``manifest.json``; before the dump, the same less files, size and
     timings is its intent). ``name``, ``created``, ``engine`` and ``files`` are required on disk
@@ -69,7 +86,7 @@ class Manifest(TypedDict, total=False):
     name: str
     created: float
     engine: Literal["criu", "snapshot"]
-    files: dict[str, dict[str, Any]]  # relative path -> size and digest
+    files: dict[str, FileDigest]  # relative path -> size and digest
     size: int
     timings: dict[str, float]
     started: float
@@ -82,9 +99,9 @@ class Manifest(TypedDict, total=False):
     recovered: bool  # committed by recovery after its writer died
     criu: dict[str, Any]
     gpu: GpuRecord
-    host: dict[str, Any]
+    host: dict[str, Any]  # the machine: hostname, kernel, Python, user, boot, and CPU features (nodecompat)
     gpucr_version: str
-    snapshot: dict[str, Any]
+    snapshot: SnapshotRecord
     kernel: dict[str, Any]
     engine_reason: str
     offload: dict[str, Any]
