@@ -24,6 +24,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from .pagefill import FillError, varint_fields
+
 PAGE = 4096
 #: The link, beside a dump's images, to the images its ``PE_PARENT`` pages are read from.
 PARENT_LINK = "parent"
@@ -74,26 +76,12 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _read_varint(b: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        c = b[i]
-        i += 1
-        value |= (c & 0x7F) << shift
-        shift += 7
-        if c < 0x80:
-            return value, i
-
-
 def _fields(b: bytes) -> dict[int, int]:
     """The varint fields of a protobuf message (all a pagemap entry has)."""
-    out, i = {}, 0
-    while i < len(b):
-        key, i = _read_varint(b, i)
-        if key & 7 != 0:
-            raise PagemapError(f"unexpected protobuf wire type {key & 7} in a pagemap entry")
-        out[key >> 3], i = _read_varint(b, i)
-    return out
+    try:
+        return varint_fields(b)
+    except FillError as e:
+        raise PagemapError(str(e)) from e
 
 
 def read_pagemap(path: Path) -> Pagemap:
