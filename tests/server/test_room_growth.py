@@ -39,9 +39,13 @@ async def test_idle_kernels_are_suspended_lru_first_as_others_grow_past_the_budg
                         "--GPUCR.budget_check_interval=0.5")
     try:
         await server.wait_ready()
-        kids = {name: (await server.request("api/kernels", "POST", {"name": "python3"}))["id"] for name in "abcd"}
-        expected = {"a": "running", "b": "running", "c": "running", "d": "running"}
+        kids: dict[str, str] = {}
+        expected: dict[str, str] = {}
         for name, gone in (("a", None), ("b", None), ("c", "a"), ("d", "b")):
+            # each started when it is used: a kernel started earlier and never used would be the least
+            # recently used one, and rightly go first
+            kids[name] = (await server.request("api/kernels", "POST", {"name": "python3"}))["id"]
+            expected[name] = "running"
             ws = await server.ws(kids[name])
             _, out, _ = await execute(ws, f"import numpy as np\nx = np.full({DATA // 8}, {ord(name)}.0)\n"
                                           "print(int(x.sum()))")
