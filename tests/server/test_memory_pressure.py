@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import criu_or_skip
 from tests.kernel_ws import execute
+from tests.server.test_room_growth import states, wait_states
 from tests.server.test_server_lifecycle import RealServer
 
 pytestmark = pytest.mark.timeout(240)
@@ -89,15 +90,6 @@ def cgroup() -> Iterator[Cgroup]:
         cg.folder.rmdir()
 
 
-async def states(server: RealServer, kids: dict[str, str]) -> dict[str, str]:
-    return {name: (await server.get(f"api/gpucr/kernels/{kid}"))["state"] for name, kid in kids.items()}
-
-
-async def wait_states(server: RealServer, kids: dict[str, str], want: dict[str, str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while (now := await states(server, kids)) != want:
-        assert time.monotonic() < deadline, f"states {now}, wanted {want}"
-        await asyncio.sleep(0.2)
 
 
 async def run(server: RealServer, kid: str, code: str) -> str:
