@@ -21,7 +21,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ class SourceCheckpoint:
 
 async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, reason: str = "fork",
                              extra: dict[str, Any] | None = None, detach: str | None = None,
-                             incremental: bool = False) -> SourceCheckpoint:
+                             incremental: bool = False, save_point_after: Sequence[Path] | None = None) -> SourceCheckpoint:
     """See the module docstring. Raises (the kernel running, with its tensors if at all possible)
     when the checkpoint cannot be made. ``reason`` and ``extra``: the checkpoint's (a save point's
     are ``savepoint`` and its name: ``server/savepoints.py``). ``detach`` (the kernel's
@@ -68,7 +68,9 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
     for the dump, as for a suspend, and opened again after it: an image restored under the kernel's own id, in the host's network (a save point gone
     back to), must hold no connection to this server (a fork's namespace cuts them instead).
     ``incremental``: the dump holds only what changed since the kernel's last save point, where
-    the kernel tracks written pages (``core/steps/incremental.py``)."""
+    the kernel tracks written pages (``core/steps/incremental.py``); ``save_point_after``: the
+    tensor folders of its earlier save points, whose files the tensors unchanged since are linked
+    from (``kernel_rpc.offload``)."""
     store = ops.store
     offload_to = store.proc_dir(kernel_id) / OFFLOAD_DIR
     kept = store.proc_dir(kernel_id) / FORK_TENSORS
@@ -78,7 +80,7 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
     ckpt: Checkpoint | None = None
     try:
         async with _held(ops.kernel_manager, kernel_id):
-            moved = await _move_tensors_out(ops, km, offload_to)
+            moved = await _move_tensors_out(ops, km, offload_to, save_point_after)
             report.update(moved)
             t1 = time.perf_counter()
             detached = False
@@ -126,7 +128,8 @@ async def _held(mkm: Any, kernel_id: str) -> AsyncIterator[None]:
         await mkm.wake_connections(kernel_id)
 
 
-async def _move_tensors_out(ops: KernelOperations, km: Any, offload_to: Path) -> dict[str, Any]:
+async def _move_tensors_out(ops: KernelOperations, km: Any, offload_to: Path,
+                            save_point_after: Sequence[Path] | None) -> dict[str, Any]:
     """Have the kernel trim itself and move its GPU tensors into ``offload_to``, as before a
     suspend. Neither may stop the fork (the driver's checkpoint takes what stays on the GPU), so
     failures only log."""
@@ -139,7 +142,7 @@ async def _move_tensors_out(ops: KernelOperations, km: Any, offload_to: Path) ->
         if options.trim_before_suspend:
             report["trim"] = await kernel_rpc.prepare_suspend(client, timeout=60)
         if options.offload_gpu_tensors:
-            report["offload"] = await kernel_rpc.offload(client, offload_to, collect="trim" not in report)
+            report["offload"] = await kernel_rpc.offload(client, offload_to, "trim" not in report, save_point_after)
     except Exception as e:
         ops.log.warning("gpucr: the kernel did not move its GPU tensors out before its fork: %s", e)
     finally:

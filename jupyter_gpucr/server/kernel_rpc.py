@@ -19,7 +19,8 @@ import queue
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["HISTORY_FILE", "SNAPSHOT_PAYLOAD", "SnapshotError", "follow_moved_history", "load", "load_device", "offload",
@@ -138,11 +139,16 @@ async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[st
 
 
 async def offload(client: Any, path: str | os.PathLike[str], collect: bool = True,
-                  timeout: float | None = 600.0) -> dict[str, Any]:
+                  save_point_after: Sequence[Path] | None = None, timeout: float | None = 600.0) -> dict[str, Any]:
     """Move the kernel's CUDA tensors into the folder ``path`` and free their GPU memory
     (``gpucr_hooks.offload_tensors``); returns the bytes and storages moved. ``collect=False``
-    when ``prepare_suspend`` has just collected garbage."""
-    return await _call(client, "offload_tensors", {"path": os.path.abspath(path), "collect": collect}, timeout)
+    when ``prepare_suspend`` has just collected garbage. ``save_point_after``, for a save point:
+    the tensor folders of the kernel's earlier save points, newest first, whose files its tensors
+    unchanged since the last one are linked from instead of written again."""
+    arguments: dict[str, Any] = {"path": os.path.abspath(path), "collect": collect}
+    if save_point_after is not None:
+        arguments.update(remember=True, reuse=[os.path.abspath(p) for p in save_point_after])
+    return await _call(client, "offload_tensors", arguments, timeout)
 
 
 async def reload(client: Any, timeout: float | None = 600.0) -> dict[str, Any]:

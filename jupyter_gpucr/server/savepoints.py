@@ -32,8 +32,11 @@ CONFIG_MEM_SOFT_DIRTY: the machines this was built on), every dump is full and s
 ``memory``; the previous save point is then rewritten to take its unchanged pages from the new
 one, after the pause (the newest holds all its pages, so going back to it restores as fast as
 ever, and dropping the oldest copies nothing). Either way only the changed pages stay on disk
-more than once, and a save point whose pages another takes copies them in before it goes. The
-GPU tensors moved out for each save point are written in full.
+more than once, and a save point whose pages another takes copies them in before it goes.
+
+GPU tensors too: a running kernel's save point writes only the tensors whose bytes changed since its
+last save point (``gpucr_hooks.fingerprints``); the others are hard links to that save point's
+files (``savepoint-tensors/ID``). A save point's size counts the tensor files no newer one links to.
 """
 from __future__ import annotations
 
@@ -98,12 +101,20 @@ class SavePoints:
 
     def summary(self, ckpt: Checkpoint) -> dict[str, Any]:
         sp = ckpt.manifest.get("savepoint") or {}
-        tensors = self.store.proc_dir(ckpt.name) / TENSORS / ckpt.id
-        extra = sum(f.stat().st_size for f in tensors.iterdir()) if tensors.is_dir() else 0
         return {"id": ckpt.id, "kernel_id": ckpt.name, "name": sp.get("name"), "created": ckpt.created,
-                "size": ckpt.size + extra, "cell": sp.get("cell"), "kernel_state": sp.get("kernel_state"),
+                "size": ckpt.size + self._tensor_bytes(ckpt), "cell": sp.get("cell"), "kernel_state": sp.get("kernel_state"),
                 "paused_s": sp.get("paused_s"), "kind": ckpt.kind, "parent": ckpt.manifest.get("parent"),
                 "memory": ckpt.manifest.get("memory")}
+
+    def _tensor_bytes(self, ckpt: Checkpoint) -> int:
+        """The bytes of the save point's GPU tensor files that no newer save point links to (those
+        count with the newest that has them, as shared pages do), so that the sizes add up."""
+        mine = self._tensors(ckpt)
+        if not mine.is_dir():
+            return 0
+        newer = [c for c in self._of(ckpt.name) if c.created > ckpt.created]
+        theirs = {f.stat().st_ino for c in newer if self._tensors(c).is_dir() for f in self._tensors(c).iterdir()}
+        return sum(st.st_size for f in mine.iterdir() if (st := f.stat()).st_ino not in theirs)
 
     # -- save ----------------------------------------------------------------------------
     async def save(self, kernel_id: str, name: str | None = None) -> dict[str, Any]:
@@ -120,7 +131,8 @@ class SavePoints:
             details = {"name": name, "cell": await self._last_cell(kernel_id, km, state), "kernel_state": state}
             if state == RUNNING:
                 source = await checkpoint_running(self.ops, kernel_id, km, SAVE_POINT, {"savepoint": details},
-                                                  detach=idle, incremental=True)
+                                                  detach=idle, incremental=True,
+                                                  save_point_after=[self._tensors(c) for c in reversed(self._of(kernel_id))])
                 ckpt, pause = source.checkpoint, source.report
                 if source.tensors is not None:
                     make_private_dir(self.store.proc_dir(kernel_id) / TENSORS)

@@ -18,6 +18,11 @@ checkpoint: correctness never depends on finding every tensor.
 
 A storage's device address changes across this (as after any reallocation): code that cached raw
 pointers (CUDA graphs) must re-capture; ``c.GPUCR.offload_gpu_tensors = False`` turns this off.
+
+Save points (``remember``, ``reuse``): the storages' fingerprints (``fingerprints``) are kept with
+where their bytes went; the next save point takes a storage whose fingerprint is unchanged from
+the earlier save point's files (hard links into its folder) instead of writing it again. Files are
+named uniquely per offload, so a link always holds the bytes it was recorded with.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import ctypes
 import gc
 import os
 import queue
+import secrets
 import sys
 import threading
 import time
@@ -35,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import gpu_ids, idle, stacks
+from .fingerprints import Fingerprint, fingerprints
 
 CHUNK = 16 << 20  # 32 staging buffers of it: 512 MiB to fault in and register (1 GiB took 0.15 s)
 WRITERS = min(16, os.cpu_count() or 1)  # one file each: writes into fresh tmpfs pages scale with threads
@@ -43,23 +50,29 @@ BUFFERS_PER_THREAD = 2  # a thread's next chunk is copied while it writes (reads
 MIN_BYTES = 1 << 20  # small storages are not worth a round trip; the driver takes them
 
 #: (storage, offset, size) of each storage currently off the GPU, its bytes numbered as if the
-#: storages lay end to end, and where each of their chunks went (by that offset: file, offset in
-#: it); kept in the process, so a restored process knows what to refill (CRIU restores these).
+#: storages lay end to end, and where each of their chunks went (by that offset: file name, offset
+#: in it); kept in the process, so a restored process knows what to refill (CRIU restores these).
 _offloaded: list[tuple[Any, int, int]] = []
-_placed: dict[int, tuple[int, int]] = {}
+_placed: dict[int, tuple[str, int]] = {}
 _folder: str | None = None
+#: The last save point's storages by fingerprint: where each chunk of their bytes is (its offset in
+#: the storage, its length, file name, offset in the file), for the next save point to link to.
+_kept: dict[Fingerprint, list[tuple[int, int, str, int]]] = {}
 #: One tensor of each large CUDA storage, found while the kernel was idle (weakly held), and how
 #: many cells had started then: a suspend before the next cell need not search the heap for them.
 _census: tuple[int, list[weakref.ref[Any]]] | None = None
 
 
-def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
+def offload_tensors(path: str, collect: bool = True, reuse: list[str] | None = None,
+                    remember: bool = False) -> dict[str, Any]:
     """Move every large CUDA storage out of the GPU into the folder ``path`` and free its device
     memory; return once the bytes are written (not yet durable: see the module's docstring).
     ``collect=False`` skips the garbage collection (the caller just ran one; with ``collect`` it is
-    skipped too when the kernel collected while idle, see ``idle``). Reports the bytes
-    moved and where the time went."""
-    global _folder
+    skipped too when the kernel collected while idle, see ``idle``). ``remember`` (a save point):
+    keep the storages' fingerprints for the next save point, which takes the unchanged ones from
+    the files in the folders ``reuse`` (earlier save points'). Reports the bytes moved (``bytes``,
+    of which ``linked`` were taken by reference) and where the time went."""
+    global _folder, _kept
     t0 = time.perf_counter()
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized() or _offloaded:
@@ -76,18 +89,24 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
         finally:
             staging = pending.result()
     t_found = time.perf_counter()
+    prints = fingerprints(torch, storages) if remember or reuse else [None] * len(storages)
+    t_printed = time.perf_counter()
     with staging:
         if not storages:
             return {"bytes": 0, "storages": 0}
         stripes = _Stripes.create(path, WRITERS)
         try:
-            _download(storages, stripes, staging)
+            linked = _link_unchanged(storages, prints, stripes, reuse or [])
+            _download([st for st in storages if id(st) not in linked], stripes, staging)
         except BaseException:  # nothing has left the GPU yet: drop the partial files
             _offloaded.clear()
             _placed.clear()
             stripes.remove()
             raise
         stripes.close()
+    if remember:
+        where = {id(st): (offset, size) for st, offset, size in _offloaded}
+        _kept = {fp: _chunks_at(*where[id(st)]) for st, fp in zip(storages, prints) if fp is not None}
     t_copied = time.perf_counter()
     used_devices = {st.device.index for st, _offset, _size in _offloaded}
     for st, _offset, _size in _offloaded:  # the bytes are safe in the page cache: free the GPU
@@ -97,10 +116,10 @@ def offload_tensors(path: str, collect: bool = True) -> dict[str, Any]:
     stacks.release(torch, used_devices)
     t_freed = time.perf_counter()
     return {"bytes": sum(size for _st, _offset, size in _offloaded), "storages": len(storages), "files": WRITERS,
-            "bytes_by_gpu": _bytes_by_gpu(),
+            "linked": sum(linked.values()), "bytes_by_gpu": _bytes_by_gpu(),
             "seconds": round(time.perf_counter() - t0, 3), "find_s": round(t_found - t0, 3),
-            "found_while_idle": found_while_idle,
-            "copy_s": round(t_copied - t_found, 3), "free_s": round(t_freed - t_copied, 3),
+            "found_while_idle": found_while_idle, "fingerprint_s": round(t_printed - t_found, 3),
+            "copy_s": round(t_copied - t_printed, 3), "free_s": round(t_freed - t_copied, 3),
             "reserved_left": sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count())),
             # what the driver's checkpoint still copies: the context itself, beside the allocator's rest
             # (asked only of devices the tensors were on: asking another would create a context there)
@@ -141,10 +160,37 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
             "alloc_s": round(t_allocated - t0, 3), "staging_s": round(t_staged - t_allocated, 3), **waits}
 
 
+def _link_unchanged(storages: list[Any], prints: list[Fingerprint | None], stripes: _Stripes,
+                    reuse: list[str]) -> dict[int, int]:
+    """Storages whose bytes an earlier save point kept unchanged (by fingerprint) are placed in its
+    files, linked into this offload's folder; returns their sizes by ``id``. One whose files are not
+    all found in ``reuse`` (that save point is gone) is written instead."""
+    linked: dict[int, int] = {}
+    for st, fp in zip(storages, prints):
+        chunks = _kept.get(fp) if fp is not None else None
+        if chunks and all(stripes.link_from(reuse, name) for _off, _n, name, _at in chunks):
+            offset = _next_offset()
+            for off, _n, name, at in chunks:
+                _placed[offset + off] = (name, at)
+            _offloaded.append((st, offset, st.nbytes()))
+            linked[id(st)] = st.nbytes()
+    return linked
+
+
+def _next_offset() -> int:
+    """Where the next storage's bytes start in the end-to-end numbering."""
+    return _offloaded[-1][1] + _offloaded[-1][2] if _offloaded else 0
+
+
+def _chunks_at(offset: int, size: int) -> list[tuple[int, int, str, int]]:
+    """Where the chunks of the storage offloaded at ``offset`` are (see ``_kept``)."""
+    return [(off, min(CHUNK, size - off), *_placed[offset + off]) for off in range(0, size, CHUNK)]
+
+
 def _download(storages: list[Any], stripes: _Stripes, staging: _Staging) -> None:
     """Every storage's bytes into the files, streamed through the staging buffers; the writes
     out of the staging buffers run in parallel behind the device copies."""
-    offset = 0
+    offset = _next_offset()
     pending = []
     with ThreadPoolExecutor(WRITERS) as pool:
         for st in storages:
@@ -175,12 +221,14 @@ def _then_set(done: threading.Event, fn: Callable[..., None], *args: Any) -> Non
 
 
 class _Stripes:
-    """The offload's files in one folder, one per writer: each write takes a file no other thread
-    is writing, appends the chunk and records where it went in ``_placed`` (by the chunk's offset
-    in the storages' end-to-end numbering), so parallel writes never wait on each other."""
+    """The offload's files in one folder, one per writer (named for this offload alone): each
+    write takes a file no other thread is writing, appends the chunk and records where it went in
+    ``_placed`` (by the chunk's offset in the storages' end-to-end numbering), so parallel writes
+    never wait on each other. Reads open every file of the folder, linked ones included."""
 
-    def __init__(self, folder: str, fds: list[int]) -> None:
+    def __init__(self, folder: str, fds: dict[str, int]) -> None:
         self.folder, self.fds = folder, fds
+        self.names = list(fds)
         self.ends = [0] * len(fds)
         self.idle: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(len(fds)):
@@ -190,31 +238,45 @@ class _Stripes:
     def create(cls, folder: str, count: int) -> _Stripes:
         cls.remove_folder(folder)  # left by an earlier suspend that failed
         os.mkdir(folder, 0o700)
-        return cls(folder, [os.open(os.path.join(folder, f"{i}.bin"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                            for i in range(count)])
+        tag = secrets.token_hex(6)
+        names = [f"{tag}-{i}.bin" for i in range(count)]
+        return cls(folder, {n: os.open(os.path.join(folder, n), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                            for n in names})
 
     @classmethod
     def open(cls, folder: str) -> _Stripes:
-        names = sorted((n for n in os.listdir(folder) if n.endswith(".bin")), key=lambda n: int(n[:-4]))
-        return cls(folder, [os.open(os.path.join(folder, n), os.O_RDONLY) for n in names])
+        return cls(folder, {n: os.open(os.path.join(folder, n), os.O_RDONLY)
+                            for n in os.listdir(folder) if n.endswith(".bin")})
+
+    def link_from(self, folders: list[str], name: str) -> bool:
+        """``name`` from the first of ``folders`` that has it, linked into this folder; False if none."""
+        if os.path.exists(os.path.join(self.folder, name)):
+            return True
+        for folder in folders:
+            try:
+                os.link(os.path.join(folder, name), os.path.join(self.folder, name))
+                return True
+            except FileNotFoundError:
+                continue
+        return False
 
     def write_placed(self, src: int, n: int, offset: int) -> None:
         i = self.idle.get()
         try:
-            _pwrite(src, n, self.ends[i], self.fds[i])
-            _placed[offset] = (i, self.ends[i])
+            _pwrite(src, n, self.ends[i], self.fds[self.names[i]])
+            _placed[offset] = (self.names[i], self.ends[i])
             self.ends[i] += n
         finally:
             self.idle.put(i)
 
     def read_placed(self, dst: int, n: int, offset: int) -> None:
-        stripe, at = _placed[offset]
-        _pread(self.fds[stripe], dst, n, at)
+        name, at = _placed[offset]
+        _pread(self.fds[name], dst, n, at)
 
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in self.fds.values():
             os.close(fd)
-        self.fds = []
+        self.fds = {}
 
     def remove(self) -> None:
         self.close()
