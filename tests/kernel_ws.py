@@ -11,6 +11,8 @@ from typing import Any
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 from jupyter_server.services.kernels.connection.base import deserialize_binary_message
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 
 _session = Session(key=b"")
 
@@ -72,6 +74,21 @@ async def execute(ws: Any, code: str, timeout: float = 120) -> tuple[dict[str, A
     msg = request(code)
     await send(ws, msg)
     return await collect(ws, msg["header"]["msg_id"], timeout)
+
+
+def run_at(url: str, token: str, code: str) -> str:
+    """Run ``code`` through the kernel channels at websocket ``url`` with ``token``; its output.
+    The cell must succeed."""
+    async def go() -> str:
+        ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
+        try:
+            reply, out, _ = await execute(ws, code)
+            assert reply["content"]["status"] == "ok", out
+            return out.strip()
+        finally:
+            ws.close()
+
+    return asyncio.run(go())
 
 
 async def saved_history(db: Any, code: str, timeout: float = 10.0) -> list[str]:

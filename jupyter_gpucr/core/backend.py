@@ -13,9 +13,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
+from .criu.images import RegFile, read_image
 from .errors import PreconditionError
 from .process.running import Running
 from .recovery import Recovery
+from .storage import chain
 from .storage.store import Checkpoint, Store
 
 Progress = Callable[[str, int, int], None]
@@ -62,8 +64,27 @@ class CheckpointBackend(Protocol):
 
     # -- optional abilities: their defaults say the backend lacks them ------------------------
     def cannot_fork(self) -> str | None:
-        """Why this backend makes no copies of a process (forks, save points); None when it does."""
+        """Why this backend makes no copies of a process (forks); None when it does."""
         return "its checkpoint backend does not copy processes"
+
+    def cannot_save_points(self) -> str | None:
+        """Why this backend keeps no save points (checkpoints a process goes back to under its own
+        name: a dump that leaves it running, copies of checkpoints); None when it does."""
+        return self.cannot_fork()
+
+    def copy_checkpoint(self, cid: str, reason: str, extra: dict[str, Any] | None = None,
+                        drop: tuple[str, ...] = ()) -> Checkpoint:
+        """A copy of checkpoint ``cid`` of hard links, as ``Store.copy_checkpoint`` makes it."""
+        return self.store.copy_checkpoint(cid, reason, extra, drop)
+
+    def image_files(self, ckpt: Checkpoint) -> builtins.list[RegFile]:
+        """The files the image of ``ckpt`` has open or mapped (its restore reopens them by path)."""
+        return read_image(ckpt.images).files
+
+    def share_pages(self, cid: str, base_id: str) -> int | None:
+        """Rewrite checkpoint ``cid`` to take its pages equal to ``base_id``'s from it
+        (``chain.share_pages``); its bytes then, or None where the backend shares no pages."""
+        return chain.share_pages(self.store, cid, base_id).size
 
     def fork(self, name: str, count: int = 1, names: Sequence[str] | None = None, gpu: str | int | None = "auto",
              detach: bool = True, gpu_bytes_beside: Mapping[str, int] | None = None,

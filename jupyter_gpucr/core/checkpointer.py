@@ -82,6 +82,9 @@ class Checkpointer(CheckpointBackend):
         #: the dump succeeded. Not for a dump that leaves the process running (a fork's): that one
         #: is never uploaded.
         self.beside_dump: BesideDump | None = None
+        #: Why every dump holds all its pages, a save point's too (the gpucr daemon's: it shares none
+        #: between its images); None: save points are incremental where the kernel allows.
+        self.full_dumps: str | None = None
         self._criu: Criu | None = None
 
     @property

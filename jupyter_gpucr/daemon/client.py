@@ -5,6 +5,8 @@ the core ``Checkpointer`` does, so the server swaps it in where it would build a
 store (``store``) mirrors each daemon checkpoint as a manifest without images, so that listing,
 the trash and relisting after a server restart work on it unchanged. Deleting a mirrored checkpoint
 (directly, by retention, or when its trash entry is purged) deletes the images in the daemon too.
+Save points are made there too: the daemon copies a checkpoint and names an image's files for its
+user (``copy``, ``files``), since the user may not read the images.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any, Final
 import psutil
 
 from ..core.backend import CheckpointBackend
+from ..core.criu.images import RegFile
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.files import fsync_trees, make_private_dir
 from ..core.process.launcher import Started
@@ -202,10 +205,25 @@ def _remove_in_daemon(client: DaemonClient, cid: str) -> None:
 class DaemonCheckpointer(CheckpointBackend):
     """A ``CheckpointBackend`` whose privileged work the gpucr daemon does. It checks an image
     against this node at the restore, on its side, and streams no dump (the images are the
-    daemon's); forks and save points are not available through it yet."""
+    daemon's). It keeps save points, dumped in full and sharing no pages; it makes no forks."""
 
     def cannot_fork(self) -> str | None:
-        return "it checkpoints through the gpucr daemon, which does not fork or make save points yet"
+        return "it checkpoints through the gpucr daemon, which does not fork processes"
+
+    def cannot_save_points(self) -> str | None:
+        return None
+
+    def copy_checkpoint(self, cid: str, reason: str, extra: dict[str, Any] | None = None,
+                        drop: tuple[str, ...] = ()) -> Checkpoint:
+        """The daemon copies it in its store (only what a client may record is added or dropped)."""
+        result = self.client.call("copy", checkpoint_id=cid, reason=reason, extra=extra or {}, drop=list(drop))
+        return self.store.mirror(result["id"], result["manifest"])
+
+    def image_files(self, ckpt: Checkpoint) -> builtins.list[RegFile]:
+        return [RegFile(**f) for f in self.client.call("files", checkpoint_id=ckpt.id)["files"]]
+
+    def share_pages(self, cid: str, base_id: str) -> int | None:
+        return None
 
     def __init__(self, store: Store | str | Path | None, socket_path: str | Path = DEFAULT_SOCKET, keep_last: int = 1,
                  max_bytes: int | None = None) -> None:
@@ -231,8 +249,8 @@ class DaemonCheckpointer(CheckpointBackend):
                    incremental: bool = False) -> Checkpoint:
         """See ``Checkpointer.checkpoint``: the daemon asks for ``before_dump`` once the GPU is free,
         before CRIU freezes the process. What ``before_dump`` raises is raised here (the daemon
-        left the process running). Its dumps are full: ``incremental`` asks for save points' dumps,
-        which the daemon does not make (``cannot_fork``)."""
+        left the process running). Its dumps are full: with ``incremental`` the manifest's
+        ``memory`` says so."""
         fsync_trees(also_durable)  # on disk before the daemon's dump ends the process
         failed: list[BaseException] = []
 
@@ -246,7 +264,8 @@ class DaemonCheckpointer(CheckpointBackend):
 
         try:
             result = self.client.call("checkpoint", progress, before_dump=ready, name=target, leave_running=leave_running,
-                                      reason=reason, extra=extra or {}, ask_before_dump=before_dump is not None)
+                                      reason=reason, extra=extra or {}, ask_before_dump=before_dump is not None,
+                                      **({"incremental": True} if incremental else {}))  # only a save point asks: older daemons take the rest
         except GPUCRError as e:
             if failed and not isinstance(failed[0], GPUCRError):
                 raise failed[0] from e

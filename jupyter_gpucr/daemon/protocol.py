@@ -29,7 +29,8 @@ MAX_LINE = 4 << 20
 #: record (a few KiB; Linux's default limit for a command and its environment together is 2 MiB),
 #: never images; anything longer is refused before it is parsed.
 MAX_REQUEST = 1 << 20
-VERBS = ("hello", "run", "checkpoint", "restore", "recover", "recover_all", "list", "remove", "kill", "poll", "await_pages")
+VERBS = ("hello", "run", "checkpoint", "restore", "recover", "recover_all", "list", "remove", "kill", "poll", "await_pages",
+         "copy", "files")
 
 
 class ProtocolError(GPUCRError):

@@ -23,7 +23,9 @@ the bytes of their stores.
   ``store_bytes`` is refused before the process is touched; the estimates of a user's checkpoints
   under way are counted together, and each dump is watched as it writes (CRIU also writes memory
   that no estimate sees, such as unmapped memfds): one that takes the store past the quota is
-  killed, the process left running, and the request says so.
+  killed, the process left running, and the request says so. A file of several hard links (a
+  copy of a checkpoint: a save point) counts once. A ``copy`` is refused once the store has
+  reached the quota.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -49,7 +52,7 @@ from ..core.gpu import cuda, gpus
 from ..core.process.procs import is_alive, tree, tree_rss
 from ..core.storage.locks import exclusive
 from ..core.storage.names import validate_name
-from ..core.storage.store import Checkpoint, Store, name_of_id, read_record
+from ..core.storage.store import Checkpoint, Store, is_save_point, name_of_id, read_record
 
 log = logging.getLogger("gpucr-daemon")
 #: How often the watchdog looks at the logs: a process may pass the cap by what it writes meanwhile.
@@ -126,6 +129,8 @@ class Quotas:
         name = args.get("name")
         if op == "run":
             self.check_run(uid)
+        if op == "copy":
+            self.check_copy(uid)
         if op != "checkpoint" or not isinstance(name, str):
             yield
             return
@@ -155,6 +160,16 @@ class Quotas:
             f"Starting a process would take your checkpoints and logs past your quota of {mib(quota)} on this host: "
             f"its logs may take {mib(logs)}, and your checkpoints and logs use or may soon use {mib(used)}.",
             _QUOTA_HINT)
+
+    def check_copy(self, uid: int) -> None:
+        """Refuse a copy of a checkpoint (its folders and manifest take a little) once the store is full."""
+        quota = self.settings.store_bytes
+        if quota is None:
+            return
+        used = self.committed(uid)
+        if used >= quota:
+            raise PreconditionError(f"Your checkpoints and logs use or may soon use {mib(used)}, your whole quota of "
+                                    f"{mib(quota)} on this host: no checkpoint can be copied.", _QUOTA_HINT)
 
     def committed(self, uid: int) -> int:
         """The user's store bytes, with what their checkpoints under way have yet to write of their
@@ -212,7 +227,7 @@ class Quotas:
     def _admit_dump(self, uid: int, store: Store, name: str, pid: int, quota: int) -> _Dump:
         """Reserve the estimate of a dump of ``name``, or refuse it (the process untouched)."""
         need = checkpoint_estimate(pid)
-        older = store.list_checkpoints(name)
+        older = [c for c in store.list_checkpoints(name) if not is_save_point(c)]  # retention keeps save points
         freed = sum(c.size for c in older[:max(0, len(older) - (self.keep_last - 1))])  # what retention deletes
         with self._dumps_lock:
             others = self._dumps.setdefault(uid, [])
@@ -425,12 +440,19 @@ def checkpoint_estimate(pid: int) -> int:
 
 
 def disk_usage(root: Path) -> int:
-    """Bytes on disk under ``root`` (a log with holes counts what it holds)."""
+    """Bytes on disk under ``root`` (a log with holes counts what it holds, a file of several
+    links once)."""
     total = 0
+    seen: set[tuple[int, int]] = set()
     for top, dirs, files in os.walk(root):
         for name in files + dirs:
             with suppress(OSError):
-                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+                st = os.lstat(os.path.join(top, name))
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
     return total
 
 

@@ -24,13 +24,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from .._version import __version__
 from ..core.checkpointer import Checkpointer
 from ..core.criu.commands import NETWORK_LOCKS_MAX, find_criu
+from ..core.criu.images import read_image
 from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
 from ..core.process.identity import ProcId
@@ -39,7 +40,7 @@ from ..core.process.procs import is_alive, tree, wait_gone
 from ..core.process.record import ProcRecord
 from ..core.process.running import Running
 from ..core.storage.names import validate_name
-from ..core.storage.store import Store, write_json_atomic
+from ..core.storage.store import Checkpoint, Store, write_json_atomic
 from .caller import caller_of, cgroup_of
 from .criu_as_owner import CGROUP_FLAG, OWNER_FLAG
 from .guard import Owner, RestoreGuard, deleted_files, external_files
@@ -58,6 +59,8 @@ Progress = Callable[[str, int, int], None]
 #: How long a checkpoint asked with ``ask_before_dump`` waits, the GPU freed, for the client to get
 #: the process ready to be frozen (a Jupyter server closes its connections to the kernel).
 BEFORE_DUMP_WAIT = 60.0
+#: Why the daemon's save points hold all their pages: it chains none of its images to others.
+FULL_DUMPS = "the gpucr daemon dumps every save point in full"
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,10 @@ class Daemon:
     def checkpointer(self, peer: Peer) -> Checkpointer:
         users = make_private_dir(make_private_dir(self.state_dir) / "users")
         store = Store(make_private_dir(users / str(peer.uid)))
-        return Checkpointer(store, criu_path=self.criu_path, keep_last=self.keep_last,
-                            restore_check=RestoreGuard(Owner.of(peer.uid), store.root))
+        cr = Checkpointer(store, criu_path=self.criu_path, keep_last=self.keep_last,
+                          restore_check=RestoreGuard(Owner.of(peer.uid), store.root))
+        cr.full_dumps = FULL_DUMPS
+        return cr
 
     def dispatch(self, peer: Peer, op: str, args: dict[str, Any], progress: Progress,
                  before_dump: Callable[[], None] | None = None) -> Any:
@@ -153,10 +158,11 @@ class Daemon:
 
     def op_checkpoint(self, peer: Peer, name: str, progress: Progress, before_dump: Callable[[], None] | None,
                       leave_running: bool = False, reason: str = "manual", extra: dict[str, Any] | None = None,
-                      ask_before_dump: bool = False) -> dict[str, Any]:
+                      ask_before_dump: bool = False, incremental: bool = False) -> dict[str, Any]:
         """With ``ask_before_dump``, once the GPU is free the daemon asks the client (``before_dump``)
         and waits for its answer before CRIU freezes the process, as a local checkpoint calls its
-        ``before_dump``; a refusal or no answer leaves the process running."""
+        ``before_dump``; a refusal or no answer leaves the process running. ``incremental`` (a save
+        point's dump) only has the manifest say why the dump is full (``FULL_DUMPS``)."""
         cr = self.checkpointer(peer)
         rec = cr.store.read_proc(_name(name))
         if rec.get("state") == "running" and is_alive(rec.get("pid")):
@@ -173,7 +179,7 @@ class Daemon:
                                                               external_files(cast(int, rec["pid"]), cr.store.proc_dir(name)))]
         extra = {**_client_extra(extra), "owner": {"uid": peer.uid, "user": peer.user}}
         ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress,
-                             before_dump if ask_before_dump is True else None)
+                             before_dump if ask_before_dump is True else None, incremental=incremental is True)
         return {"id": ckpt.id, "manifest": ckpt.manifest, "kept": cr.store.checkpoint_ids(name), "record": cr.store.read_proc(name)}
 
     def op_restore(self, peer: Peer, name: str, progress: Progress, checkpoint_id: str | None = None,
@@ -183,8 +189,7 @@ class Daemon:
         ckpt = cr.store.get(checkpoint_id) if checkpoint_id else cr.store.latest(name)
         if ckpt is None or ckpt.name != name:
             raise NotFoundError(f"{name!r} has no checkpoint {checkpoint_id or ''}".strip() + ".", "List them with 'gpucr ls'.")
-        if (ckpt.manifest.get("owner") or {}).get("uid") != peer.uid:
-            raise StateError(f"Checkpoint {ckpt.id} was not made for uid {peer.uid}.")
+        _check_made_for(ckpt, peer)
         beside = gpu_bytes_beside or {}
         if not (isinstance(beside, dict) and all(isinstance(k, str) and isinstance(v, int) and v >= 0
                                                  for k, v in beside.items())):
@@ -244,6 +249,27 @@ class Daemon:
         cr.await_pages(_name(name))
         return {}
 
+    def op_copy(self, peer: Peer, checkpoint_id: str, reason: str, extra: dict[str, Any] | None = None,
+                drop: list[str] | None = None) -> dict[str, Any]:
+        """A copy of one of the peer's checkpoints in the peer's store, of hard links (a save point
+        of a suspended process, the copy of a save point a process goes back to); see
+        ``Store.copy_checkpoint``. Only what a client may record (``CLIENT_EXTRA``) is added or dropped."""
+        if not (isinstance(reason, str) and reason.isidentifier() and len(reason) <= 40):
+            raise ProtocolError("The reason must be a short identifier.")
+        cr = self.checkpointer(peer)
+        _check_made_for(cr.store.get(checkpoint_id), peer)
+        dropped = tuple(k for k in drop or () if k in CLIENT_EXTRA)
+        ckpt = cr.store.copy_checkpoint(checkpoint_id, reason, _client_extra(extra), dropped)
+        return {"id": ckpt.id, "manifest": ckpt.manifest}
+
+    def op_files(self, peer: Peer, checkpoint_id: str) -> dict[str, Any]:
+        """The files the image of one of the peer's checkpoints has open or mapped (``RegFile``),
+        which the peer may not read there: a server checks their sizes before it goes back."""
+        cr = self.checkpointer(peer)
+        ckpt = cr.store.get(checkpoint_id)
+        _check_made_for(ckpt, peer)
+        return {"files": [asdict(f) for f in read_image(ckpt.images).files]}
+
     def op_poll(self, peer: Peer, name: str) -> dict[str, Any]:
         holder = self._holders.get((peer.uid, _name(name)))
         return {"returncode": holder.poll() if holder else None}
@@ -293,6 +319,12 @@ def _check_owner(proc_dir: Path, rec: ProcRecord, peer: Peer) -> HolderRecord:
     holder = launched(proc_dir, rec)
     check_credentials(cast(int, rec["pid"]), Owner.of(peer.uid), str(rec.get("name")))
     return holder
+
+
+def _check_made_for(ckpt: Checkpoint, peer: Peer) -> None:
+    """The checkpoint (of the peer's store) was made for the peer."""
+    if (ckpt.manifest.get("owner") or {}).get("uid") != peer.uid:
+        raise StateError(f"Checkpoint {ckpt.id} was not made for uid {peer.uid}.")
 
 
 def _frozen_for_dump(holder: HolderRecord, owner: Owner, name: str, pid: int) -> Callable[[], None]:
@@ -355,7 +387,7 @@ def _owner_args(peer: Peer, rec: ProcRecord) -> list[str]:
 #: What of a client's ``extra`` a checkpoint's manifest keeps: what the Jupyter server records of its
 #: kernel, for its own listing. Nothing a step of the daemon reads (open files, owner, sizes) can come
 #: from a client.
-CLIENT_EXTRA = ("kernel", "engine_reason", "offload", "portable")
+CLIENT_EXTRA = ("kernel", "engine_reason", "offload", "portable", "savepoint", "from_savepoint")
 
 
 def _client_extra(extra: Any) -> dict[str, Any]:

@@ -92,7 +92,7 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
                                                       {**(extra or {}), "offload": moved.get("offload")},
                                                       incremental=incremental)
                 report["dump"] = made.manifest.get("timings", {})
-                await asyncio.to_thread(keep_written_files, made, store.proc_dir(kernel_id))
+                await asyncio.to_thread(keep_files, ops, made)
                 if offload_to.is_dir():
                     _link_all(offload_to, kept)
             finally:
@@ -113,6 +113,12 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
     ops.log.info("gpucr: kernel %s was paused %.2f s for its %s (%d MiB of GPU tensors moved out and back)",
                      kernel_id, report["paused_s"], "save point" if reason == "savepoint" else reason, (report.get("offload") or {}).get("bytes", 0) >> 20)
     return SourceCheckpoint(ckpt, kept if kept.is_dir() else None, report)
+
+
+def keep_files(ops: KernelOperations, ckpt: Checkpoint) -> None:
+    """``keep_written_files`` for a kernel's checkpoint, its files named by the backend (the
+    daemon reads images the server cannot)."""
+    keep_written_files(ckpt, ops.store.proc_dir(ckpt.name), ops.checkpointer.image_files(ckpt))
 
 
 @contextlib.asynccontextmanager

@@ -21,8 +21,11 @@ done. The kernel's own files (history, logs) go back with it.
 ``POST .../savepoints/{sp}/fork``: new kernels from the save point, as a fork of a suspended
 kernel is made; the kernel itself is not touched.
 
-Only the server's own whole-process engine makes save points (not through the gpucr daemon,
-not the snapshot engine); going back is refused with object storage (``c.GPUCR.store`` a URL).
+Only the whole-process engine makes save points (not the snapshot engine), the server's own or
+the gpucr daemon's; going back is refused with object storage (``c.GPUCR.store`` a URL). Through
+the daemon, the images stay in the user's store of the daemon: the daemon dumps, copies and reads
+them (``CheckpointBackend``), for that user only, every save point dumped in full and sharing no
+pages; forks from a save point are not made there.
 
 Save points share the pages that did not change (``core/storage/chain.py``). Where the machine's
 kernel tracks the pages a process writes, a running kernel's second and later save points are
@@ -52,15 +55,13 @@ from typing import Any
 
 from tornado import web
 
-from ..core.criu.images import read_image
 from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
-from ..core.forks.copies import KEPT_FILES, _flat, keep_written_files
-from ..core.storage import chain
+from ..core.forks.copies import KEPT_FILES, _flat, written_files
 from ..core.storage.store import SAVE_POINT, Checkpoint, is_save_point
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR, SuspendEngine
-from .fork_source import checkpoint_running
+from .fork_source import checkpoint_running, keep_files
 from .kernel_forks import MAX_FORKS, KernelForker
 from .kernels import KernelOperations
 from .lifecycle import RUNNING, SUSPENDED
@@ -139,12 +140,13 @@ class SavePoints:
                     os.rename(source.tensors, self._tensors(ckpt))
             elif state == SUSPENDED:
                 now = self._criu_checkpoint(kernel_id)
-                ckpt = await asyncio.to_thread(self.store.copy_checkpoint, now.id, SAVE_POINT, {"savepoint": details})
+                ckpt = await asyncio.to_thread(self.ops.checkpointer.copy_checkpoint, now.id, SAVE_POINT,
+                                               {"savepoint": details})
                 pause = None
                 offloaded = self.store.proc_dir(kernel_id) / OFFLOAD_DIR
                 if offloaded.is_dir():
                     _link_all(offloaded, self._tensors(ckpt))
-                await asyncio.to_thread(keep_written_files, ckpt, self.store.proc_dir(kernel_id))
+                await asyncio.to_thread(keep_files, self.ops, ckpt)
             else:
                 raise StateError(f"The kernel is {state}.", "Take a save point once it is running or suspended.")
             shared = await asyncio.to_thread(self._share_with, ckpt)
@@ -164,7 +166,8 @@ class SavePoints:
         """Where the new save point holds all its pages (a full dump, or a copy of the checkpoint
         a suspended kernel is in), the previous one takes those it has unchanged from it instead
         (see the module docstring). What was shared: the previous save point, and its bytes before
-        and after; None when nothing was (the new one is incremental, or the first)."""
+        and after; None when nothing was (the new one is incremental, or the first, or the backend
+        shares no pages: the daemon's)."""
         if ckpt.manifest.get("parent"):
             return None
         older = [c for c in self._of(ckpt.name) if c.id != ckpt.id and not c.manifest.get("parent")]
@@ -172,11 +175,13 @@ class SavePoints:
             return None
         previous, t0 = older[-1], time.perf_counter()
         try:
-            now = chain.share_pages(self.store, previous.id, ckpt.id)
+            size_after = self.ops.checkpointer.share_pages(previous.id, ckpt.id)
         except (GPUCRError, OSError) as e:  # it stays as it was: whole, only bigger
             self.ops.log.warning("gpucr: save point %s keeps all its pages: %s", previous.id, e)
             return None
-        return {"id": previous.id, "size_before": previous.size, "size_after": now.size,
+        if size_after is None:
+            return None
+        return {"id": previous.id, "size_before": previous.size, "size_after": size_after,
                 "seconds": round(time.perf_counter() - t0, 3)}
 
     def _apply_limit(self, kernel_id: str) -> list[str]:
@@ -210,7 +215,7 @@ class SavePoints:
         if self.ops.remote:
             raise PreconditionError("Going back to a save point is not available with object storage yet.",
                                     "Fork from the save point instead (POST .../savepoints/{sp}/fork).")
-        self._check_files(kernel_id, sp)
+        await asyncio.to_thread(self._check_files, kernel_id, sp)
         async with self.ops.operation(kernel_id):
             state = self.ops.lifecycle.state_of(kernel_id)
             if state == RUNNING:
@@ -243,14 +248,14 @@ class SavePoints:
         copy of the save point it is restored from (the newest checkpoint: the one it is in)."""
         d = self.store.proc_dir(kernel_id)
         kept = d / KEPT_FILES / sp.id
-        for path in _written_files(sp):
+        for path in written_files(self.ops.checkpointer.image_files(sp)):
             kept_copy = kept / _flat(path)
             if Path(path).parent == d and kept_copy.is_file():
                 shutil.copy2(kept_copy, path)
         tensors = self._tensors(sp)
         if tensors.is_dir():
             _link_all(tensors, d / OFFLOAD_DIR)
-        copy = self.store.copy_checkpoint(sp.id, "goback", {"from_savepoint": sp.id}, drop=("savepoint",))
+        copy = self.ops.checkpointer.copy_checkpoint(sp.id, "goback", {"from_savepoint": sp.id}, drop=("savepoint",))
         rec = self.store.read_proc(kernel_id)
         self.store.write_proc(kernel_id, {**rec, "checkpoint": copy.id})
         return copy
@@ -260,7 +265,7 @@ class SavePoints:
         but before anything is touched; the kernel's own (history, logs) go back with it."""
         d = str(self.store.proc_dir(kernel_id))
         changed = []
-        for f in read_image(sp.images).files:
+        for f in self.ops.checkpointer.image_files(sp):
             path = f.path if f.path.startswith("/") else f"/{f.path}"
             if f.size is None or path.startswith(_NOT_CHECKED) or path.startswith(d + "/"):
                 continue
@@ -304,7 +309,7 @@ class SavePoints:
     # -- helpers -------------------------------------------------------------------------
     def _kernel(self, kernel_id: str) -> Any:
         km = self.ops.kernel(kernel_id)
-        why_not = self.ops.checkpointer.cannot_fork()
+        why_not = self.ops.checkpointer.cannot_save_points()
         if why_not:
             raise PreconditionError(f"Save points cannot be made on this server: {why_not}.",
                                     "Suspend and restore work as before.")
@@ -335,11 +340,6 @@ def _checked_name(name: Any) -> str | None:
     if not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable():
         raise web.HTTPError(400, f"'name' is a printable text of at most {MAX_NAME} characters.")
     return name
-
-
-def _written_files(ckpt: Checkpoint) -> list[str]:
-    from ..core.forks.copies import _written_files as written
-    return written(read_image(ckpt.images))
 
 
 def _link_all(folder: Path, links: Path) -> None:

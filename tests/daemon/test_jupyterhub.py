@@ -5,7 +5,6 @@ exits; she comes back and her variables are there. bob reaches none of it (REST,
 A server killed with SIGKILL loses nothing already suspended."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pwd
@@ -19,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
 
 from jupyter_gpucr.core.storage.store import read_record
 from tests import hub as H
-from tests.kernel_ws import collect, request, send
+from tests.kernel_ws import run_at
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.skipif(H.missing_requirement() is not None,
                                                              reason=H.missing_requirement() or "")]
@@ -65,20 +62,8 @@ def world(request: pytest.FixtureRequest) -> Iterator[tuple[H.Hub, H.Daemon]]:
 
 
 def execute(hub: H.Hub, user: str, kernel_id: str, code: str) -> str:
-    async def go() -> str:
-        token = hub.user_token(user)
-        url = f"{hub.url.replace('http', 'ws')}/user/{user}/api/kernels/{kernel_id}/channels"
-        ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
-        try:
-            msg = request(code)
-            await send(ws, msg)
-            reply, out, _ = await collect(ws, msg["header"]["msg_id"], timeout=120)
-            assert reply["content"]["status"] == "ok", out
-            return out.strip()
-        finally:
-            ws.close()
-
-    return asyncio.run(go())
+    return run_at(f"{hub.url.replace('http', 'ws')}/user/{user}/api/kernels/{kernel_id}/channels", hub.user_token(user),
+                  code)
 
 
 def daemon_checkpoints(daemon: H.Daemon, uid: int, kernel_id: str) -> list[dict[str, Any]]:

@@ -38,12 +38,12 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, cast
 
-from ..criu.images import _FE_REG, _FE_TYPE, _REG_FLAGS, _REG_NAME, FD_REG, Image, decode, entries, read_image
+from ..criu.images import _FE_REG, _FE_TYPE, _REG_FLAGS, _REG_NAME, FD_REG, Image, RegFile, decode, entries, read_image
 from ..errors import GPUCRError, PreconditionError, StateError
 from ..files import make_private_dir, private_files
 from ..gpu import gpus
@@ -156,7 +156,7 @@ def _source_checkpoint(cp: Copier, name: str, rec: ProcRecord) -> Checkpoint:
     """A checkpoint of the running source that leaves it running, or the one it is suspended in."""
     if rec.get("state") == "running" and is_alive(rec.get("pid")):
         made = cp.checkpoint(name, leave_running=True, reason="fork")
-        keep_written_files(made, cp.store.proc_dir(name))
+        keep_written_files(made, cp.store.proc_dir(name), read_image(made.images).files)
         return made
     ckpt = cp.store.latest(name)
     if ckpt is None:
@@ -179,15 +179,15 @@ def _make(cp: Copier, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Ima
     return cp.restore(new, gpu=gpu, checkpoint_id=ckpt.id, detach=detach, files=files, gpu_bytes_beside=beside)
 
 
-def keep_written_files(ckpt: Checkpoint, source_dir: Path) -> None:
-    """Copies of the files a running source has open for writing, taken right after its checkpoint
+def keep_written_files(ckpt: Checkpoint, source_dir: Path, files: Iterable[RegFile]) -> None:
+    """Copies of the files a running source has open for writing (of ``files``, its image's), taken right after its checkpoint
     (the server takes them while it still holds the kernel's messages), for every fork to start
     from: a copy taken later holds what the source wrote since (IPython's history database then
     holds lines that the fork's own history repeats, and IPython says so in the fork's output)."""
     kept = _kept_dir(source_dir, ckpt)
     shutil.rmtree(kept, ignore_errors=True)
     make_private_dir(kept)
-    for path in _written_files(read_image(ckpt.images)):
+    for path in written_files(files):
         with contextlib.suppress(FileNotFoundError):  # deleted since: CRIU brings the image's own copy back
             private_files(kept, _flat(path))
             shutil.copyfile(path, kept / _flat(path))
@@ -201,10 +201,10 @@ def _flat(path: str) -> str:
     return path.lstrip("/").replace("/", "%")
 
 
-def _written_files(image: Image) -> list[str]:
-    """The regular files the image has open (or mapped) for writing, each once."""
+def written_files(files: Iterable[RegFile]) -> list[str]:
+    """The regular files of an image's ``files`` open (or mapped) for writing, each once."""
     paths: list[str] = []
-    for f in image.files:
+    for f in files:
         path = f.path if f.path.startswith("/") else f"/{f.path}"
         if (f.access & os.W_OK) and stat.S_ISREG(f.mode) and not path.startswith(_NOT_FILES) and path not in paths:
             paths.append(path)
@@ -217,7 +217,7 @@ def _copy_written_files(image: Image, source_dir: Path, fork_dir: Path, kept: Pa
     any other in the fork's ``files/``. From the copies kept at the checkpoint where there are
     some (a running source), else as the files are now (the source is not running)."""
     copies: dict[str, str] = {}
-    for path in _written_files(image):
+    for path in written_files(image.files):
         src = Path(path)
         origin = kept / _flat(path) if (kept / _flat(path)).exists() else src
         if src.parent == source_dir:

@@ -47,6 +47,8 @@ def plan(cr: CheckpointerParts, rec: ProcRecord, pid: int, incremental: bool) ->
     hold only what changed since the last save point."""
     if not incremental:
         return MemoryPlan()
+    if cr.full_dumps:
+        return MemoryPlan(why_full=cr.full_dumps)
     if not cr.criu.dirty_tracking:
         return MemoryPlan(why_full=NO_TRACKING)
     last = rec.get("memory_tracked")
