@@ -111,7 +111,8 @@ async def bench(mb: int, count: int, change: float, gpu_gb: float, changed_gb: f
             pause = sp["pause"]
             points.append({"request_s": round(time.perf_counter() - t0, 3), "paused_s": sp["paused_s"],
                            "dump_s": round((pause.get("dump") or {}).get("dump", 0), 3),
-                           "move_out_s": pause.get("move_out_s"), "reload_s": pause.get("reload_s"),
+                           "move_out_s": pause.get("move_out_s"), "checkpoint_s": pause.get("checkpoint_s"),
+                           "reload_s": pause.get("reload_s"),
                            "tensors": {k: (pause.get("offload") or {}).get(k) for k in
                                        ("bytes", "linked", "fingerprint_s", "copy_s", "free_s")},
                            "reload": {k: (pause.get("reload") or {}).get(k) for k in ("bytes", "seconds")},
