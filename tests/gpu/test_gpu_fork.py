@@ -4,12 +4,12 @@ source runs on, its tensors back on the GPU. Runs on the H200 machine (docs/dev/
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 
 from jupyter_gpucr.core.gpu import cuda, gpus
-from tests.kernel_ws import execute
-from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws, run_cell  # noqa: F401
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -52,14 +52,7 @@ def need_gpu():
         pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
 
 
-async def _run(jp_ws_fetch, kernel_id, code):
-    ws = await open_ws(jp_ws_fetch, kernel_id, f"s-{kernel_id}")
-    try:
-        reply, out, _ = await execute(ws, code, timeout=300)
-    finally:
-        ws.close()
-    assert reply["content"]["status"] == "ok", out
-    return out.strip()
+_run = partial(run_cell, timeout=300)
 
 
 @pytest.mark.parametrize("jp_server_config", [{}, {"offload_gpu_tensors": False}], indirect=True,

@@ -6,13 +6,13 @@ without a GPU."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import pytest
 
 from jupyter_gpucr.core.gpu import cuda, gpus
 from jupyter_gpucr.server.savepoints import TENSORS
-from tests.kernel_ws import execute
-from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
+from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws, run_cell  # noqa: F401
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -30,14 +30,7 @@ def need_gpu():
         pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
 
 
-async def _run(jp_ws_fetch, kernel_id, code):
-    ws = await open_ws(jp_ws_fetch, kernel_id, f"s-{kernel_id}")
-    try:
-        reply, out, _ = await execute(ws, code, timeout=300)
-    finally:
-        ws.close()
-    assert reply["content"]["status"] == "ok", out
-    return out.strip()
+_run = partial(run_cell, timeout=300)
 
 
 def _api(kid, *rest):

@@ -13,8 +13,8 @@ import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from tests.kernel_ws import collect, execute, request, saved_history, send
-from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+from tests.kernel_ws import collect, request, saved_history, send
+from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws, run_cell  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -32,23 +32,13 @@ log.write('source\\n'); log.flush()
 SHOW = "print(x, int(a.sum()), round(model(inp).sum().item(), 6), rng.random(), torch.rand(1).item())"
 
 
-async def _run(jp_ws_fetch, kernel_id, code):
-    ws = await open_ws(jp_ws_fetch, kernel_id, f"s-{kernel_id}")
-    try:
-        reply, out, _ = await execute(ws, code)
-    finally:
-        ws.close()
-    assert reply["content"]["status"] == "ok", out
-    return out.strip()
-
-
 def _pid_ns(pid):
     return os.readlink(f"/proc/{pid}/ns/pid")
 
 
 async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverapp):
     kid = (await new_session(jp_fetch, "src.ipynb"))["kernel"]["id"]
-    await _run(jp_ws_fetch, kid, STATE)
+    await run_cell(jp_ws_fetch, kid, STATE)
     source_pid = kernel_pid(jp_serverapp, kid)
 
     # The source is paused as a suspend pauses it: a cell sent meanwhile waits in the server, and
@@ -91,23 +81,23 @@ async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverap
     assert pids[0] == source_pid and len(set(pids)) == 3
     assert len({_pid_ns(p) for p in pids}) == 3  # each its own PID namespace
 
-    await _run(jp_ws_fetch, forks[0], "x = 0\nlog.write('fork one\\n'); log.flush()")
-    shown = [await _run(jp_ws_fetch, k, SHOW) for k in (kid, forks[1])]
+    await run_cell(jp_ws_fetch, forks[0], "x = 0\nlog.write('fork one\\n'); log.flush()")
+    shown = [await run_cell(jp_ws_fetch, k, SHOW) for k in (kid, forks[1])]
     # the same x, array, model output and next random number (RNG state copied), in copy 2 and the source
     assert shown[0] == shown[1] and shown[0].startswith("42 1999999000000 "), shown
-    assert (await _run(jp_ws_fetch, forks[0], "print(x)")) == "0"
+    assert (await run_cell(jp_ws_fetch, forks[0], "print(x)")) == "0"
     # a fork that reseeds draws its own numbers (the hook frameworks call for diverging forks)
     draw = "print(torch.rand(1).item())"
-    reseeded = await _run(jp_ws_fetch, forks[0], f"import gpucr_hooks; gpucr_hooks.reseed(); {draw}")
-    assert reseeded != await _run(jp_ws_fetch, kid, draw)
+    reseeded = await run_cell(jp_ws_fetch, forks[0], f"import gpucr_hooks; gpucr_hooks.reseed(); {draw}")
+    assert reseeded != await run_cell(jp_ws_fetch, kid, draw)
     # the file the source had open for writing: the fork writes to a copy of its own
-    source_file = await _run(jp_ws_fetch, kid, "print(os.path.realpath(log.name))")
-    fork_file = await _run(jp_ws_fetch, forks[0], "print(os.path.realpath('/proc/self/fd/%d' % log.fileno()))")
+    source_file = await run_cell(jp_ws_fetch, kid, "print(os.path.realpath(log.name))")
+    fork_file = await run_cell(jp_ws_fetch, forks[0], "print(os.path.realpath('/proc/self/fd/%d' % log.fileno()))")
     assert fork_file != source_file
     assert "fork one" not in open(source_file).read() and "fork one" in open(fork_file).read()
     # each keeps its own history: the fork's cells in its database, not in the source's, and
     # through its own path (SQLite puts its journal beside the path it opened)
-    own = await _run(jp_ws_fetch, forks[0], "print(get_ipython().history_manager.hist_file)")
+    own = await run_cell(jp_ws_fetch, forks[0], "print(get_ipython().history_manager.hist_file)")
     assert own == str(store.proc_dir(forks[0]) / "history.sqlite")
     fork_cell = "print(x)"
     assert fork_cell in await saved_history(store.proc_dir(forks[0]) / "history.sqlite", fork_cell)
@@ -118,11 +108,11 @@ async def test_fork_a_running_kernel_into_two(jp_fetch, jp_ws_fetch, jp_serverap
 
 async def test_fork_a_suspended_kernel(jp_fetch, jp_ws_fetch, jp_serverapp):
     kid = (await new_session(jp_fetch, "on-disk.ipynb"))["kernel"]["id"]
-    await _run(jp_ws_fetch, kid, "x = 'kept'")
+    await run_cell(jp_ws_fetch, kid, "x = 'kept'")
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     made = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={})
     (fork,) = [k["id"] for k in made["kernels"]]
-    assert await _run(jp_ws_fetch, fork, "print(x)") == "kept"
+    assert await run_cell(jp_ws_fetch, fork, "print(x)") == "kept"
     assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "suspended"
 
 
@@ -133,7 +123,7 @@ async def test_a_fork_that_fails_leaves_the_source_running(jp_fetch, jp_ws_fetch
     if host is None:
         pytest.skip("needs an IPv4 address besides loopback")
     kid = (await new_session(jp_fetch, "bound.ipynb"))["kernel"]["id"]
-    await _run(jp_ws_fetch, kid, f"x = 'kept'\nimport socket\nsrv = socket.socket()\nsrv.bind(({host!r}, 0))\nsrv.listen()")
+    await run_cell(jp_ws_fetch, kid, f"x = 'kept'\nimport socket\nsrv = socket.socket()\nsrv.bind(({host!r}, 0))\nsrv.listen()")
     before = {k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")}
     with pytest.raises(HTTPClientError) as failed:
         await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "fork", method="POST", body={"count": 2})
@@ -143,7 +133,7 @@ async def test_a_fork_that_fails_leaves_the_source_running(jp_fetch, jp_ws_fetch
     store = jp_serverapp.kernel_manager.runtime.store
     log = store.proc_dir(kid) / "fork-failed.log"  # the copy's folder is gone; CRIU's log of it is kept
     assert str(log) in error["hint"] and "Cannot assign requested address" in log.read_text(), error
-    assert await _run(jp_ws_fetch, kid, "print(x)") == "kept"
+    assert await run_cell(jp_ws_fetch, kid, "print(x)") == "kept"
     assert {k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")} == before
     assert not store.list_checkpoints(kid)
     assert "fork-tensors" not in {p.name for p in store.proc_dir(kid).iterdir()}

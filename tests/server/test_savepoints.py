@@ -10,20 +10,9 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpucr.core.criu import pagemaps
-from tests.kernel_ws import execute
-from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws  # noqa: F401
+from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws, run_cell  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
-
-
-async def _run(jp_ws_fetch, kernel_id, code):
-    ws = await open_ws(jp_ws_fetch, kernel_id, f"s-{kernel_id}")
-    try:
-        reply, out, _ = await execute(ws, code)
-    finally:
-        ws.close()
-    assert reply["content"]["status"] == "ok", out
-    return out.strip()
 
 
 def _api(kid, *rest):
@@ -32,7 +21,7 @@ def _api(kid, *rest):
 
 async def test_go_back_to_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
     kid = (await new_session(jp_fetch, "risky.ipynb"))["kernel"]["id"]
-    await _run(jp_ws_fetch, kid, "x = 1\nimport numpy as np\na = np.arange(1_000_000)")
+    await run_cell(jp_ws_fetch, kid, "x = 1\nimport numpy as np\na = np.arange(1_000_000)")
     pid = kernel_pid(jp_serverapp, kid)
     first = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "x is 1"})
     assert first["name"] == "x is 1" and first["size"] > 0 and 0 < first["paused_s"] < 60, first
@@ -40,22 +29,22 @@ async def test_go_back_to_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
     # the kernel was left running, the same process
     state = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
     assert state["state"] == "running" and kernel_pid(jp_serverapp, kid) == pid
-    await _run(jp_ws_fetch, kid, "x = 2\na[:] = 0")
+    await run_cell(jp_ws_fetch, kid, "x = 2\na[:] = 0")
     second = await fetch_json(jp_fetch, *_api(kid), method="POST", body={})
     assert second["name"] is None and second["cell"]["code"].startswith("x = 2")
-    await _run(jp_ws_fetch, kid, "x = 3")
+    await run_cell(jp_ws_fetch, kid, "x = 3")
     listed = await fetch_json(jp_fetch, *_api(kid))
     assert [s["id"] for s in listed] == [first["id"], second["id"]]
 
     # go back to the older one: the same kernel id, x and the array as they were
     back = await fetch_json(jp_fetch, *_api(kid, first["id"], "restore"), method="POST", body={})
     assert back["kernel_id"] == kid and back["state"] == "running" and back["trash_id"], back
-    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == "1 499999500000"
+    assert await run_cell(jp_ws_fetch, kid, "print(x, int(a.sum()))") == "1 499999500000"
     assert kid in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
     # both save points are still there (go back again, or to the newer one)
     assert [s["id"] for s in await fetch_json(jp_fetch, *_api(kid))] == [first["id"], second["id"]]
     again = await fetch_json(jp_fetch, *_api(kid, second["id"], "restore"), method="POST", body={})
-    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == "2 0"
+    assert await run_cell(jp_ws_fetch, kid, "print(x, int(a.sum()))") == "2 0"
 
     # the state left by each go-back is in the trash, restorable: the first one held x == 3
     trash = {t["id"]: t for t in await fetch_json(jp_fetch, "api", "gpucr", "trash")}
@@ -67,7 +56,7 @@ async def test_go_back_to_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
     restored = await fetch_json(jp_fetch, "api", "gpucr", "trash", back["trash_id"], "restore", method="POST",
                                 body={"replace": True, "sessions": False})
     assert restored["kernel_id"] == kid and restored["state"] == "suspended"
-    assert await _run(jp_ws_fetch, kid, "print(x)") == "3"
+    assert await run_cell(jp_ws_fetch, kid, "print(x)") == "3"
     trash = await fetch_json(jp_fetch, "api", "gpucr", "trash")
     assert [t["reason"] for t in trash if t["kernel_id"] == kid][-1] == "shutdown", trash
 
@@ -75,14 +64,14 @@ async def test_go_back_to_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
 async def test_save_point_of_a_suspended_kernel_and_the_limit(jp_fetch, jp_ws_fetch, jp_serverapp):
     jp_serverapp.kernel_manager.runtime.options.max_save_points = 2
     kid = (await new_session(jp_fetch, "on-disk.ipynb"))["kernel"]["id"]
-    await _run(jp_ws_fetch, kid, "y = 'kept'")
+    await run_cell(jp_ws_fetch, kid, "y = 'kept'")
     sp0 = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "zero"})
     await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
     sp1 = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "on disk"})
     assert sp1["kernel_state"] == "suspended" and sp1["cell"]["code"] == "y = 'kept'", sp1
     state = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid)
     assert state["state"] == "suspended" and state["checkpoint"]["reason"] != "savepoint"
-    await _run(jp_ws_fetch, kid, "y = 'changed'")  # restores it
+    await run_cell(jp_ws_fetch, kid, "y = 'changed'")  # restores it
     sp2 = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "two"})
     assert sp2["dropped"] == [sp0["id"]]
     assert [s["name"] for s in await fetch_json(jp_fetch, *_api(kid))] == ["on disk", "two"]
@@ -90,7 +79,7 @@ async def test_save_point_of_a_suspended_kernel_and_the_limit(jp_fetch, jp_ws_fe
         await fetch_json(jp_fetch, *_api(kid, sp0["id"], "restore"), method="POST", body={})
     assert gone.value.code == 404
     await fetch_json(jp_fetch, *_api(kid, sp1["id"], "restore"), method="POST", body={})
-    assert await _run(jp_ws_fetch, kid, "print(y)") == "kept"
+    assert await run_cell(jp_ws_fetch, kid, "print(y)") == "kept"
     await jp_fetch(*_api(kid, sp2["id"]), method="DELETE")
     assert [s["id"] for s in await fetch_json(jp_fetch, *_api(kid))] == [sp1["id"]]
 
@@ -99,9 +88,9 @@ async def test_a_changed_file_is_named_and_nothing_is_done(jp_fetch, jp_ws_fetch
     kid = (await new_session(jp_fetch, "files.ipynb"))["kernel"]["id"]
     data = tmp_path / "data.txt"
     data.write_text("0123456789")
-    await _run(jp_ws_fetch, kid, f"f = open({str(data)!r})\nz = 1")
+    await run_cell(jp_ws_fetch, kid, f"f = open({str(data)!r})\nz = 1")
     sp = await fetch_json(jp_fetch, *_api(kid), method="POST", body={})
-    await _run(jp_ws_fetch, kid, "z = 2")
+    await run_cell(jp_ws_fetch, kid, "z = 2")
     data.write_text("longer than it was")
     with pytest.raises(HTTPClientError) as refused:
         await fetch_json(jp_fetch, *_api(kid, sp["id"], "restore"), method="POST", body={})
@@ -109,24 +98,24 @@ async def test_a_changed_file_is_named_and_nothing_is_done(jp_fetch, jp_ws_fetch
     assert refused.value.code == 409
     assert str(data) in error["message"] and "Nothing was done" in error["message"], error
     assert (await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid))["state"] == "running"
-    assert await _run(jp_ws_fetch, kid, "print(z)") == "2"
+    assert await run_cell(jp_ws_fetch, kid, "print(z)") == "2"
 
 
 async def test_fork_from_a_save_point(jp_fetch, jp_ws_fetch, jp_serverapp):
     kid = (await new_session(jp_fetch, "tree.ipynb"))["kernel"]["id"]
-    await _run(jp_ws_fetch, kid, "w = 'then'")
+    await run_cell(jp_ws_fetch, kid, "w = 'then'")
     sp = await fetch_json(jp_fetch, *_api(kid), method="POST", body={})
-    await _run(jp_ws_fetch, kid, "w = 'now'")
-    session = await _run(jp_ws_fetch, kid, "print(get_ipython().history_manager.session_number)")
+    await run_cell(jp_ws_fetch, kid, "w = 'now'")
+    session = await run_cell(jp_ws_fetch, kid, "print(get_ipython().history_manager.session_number)")
     made = await fetch_json(jp_fetch, *_api(kid, sp["id"], "fork"), method="POST", body={})
     (fork,) = [k["id"] for k in made["kernels"]]
-    assert await _run(jp_ws_fetch, fork, "print(w)") == "then"
-    assert await _run(jp_ws_fetch, kid, "print(w)") == "now"
+    assert await run_cell(jp_ws_fetch, fork, "print(w)") == "then"
+    assert await run_cell(jp_ws_fetch, kid, "print(w)") == "now"
     # going back to it after the fork: the history is as it was then too (had the fork taken the save
     # point's copy of it, IPython would find its next lines taken and move to a new session)
     await fetch_json(jp_fetch, *_api(kid, sp["id"], "restore"), method="POST", body={})
-    await _run(jp_ws_fetch, kid, "w = 'again'")
-    assert await _run(jp_ws_fetch, kid, "h = get_ipython().history_manager\nh.writeout_cache()\n"
+    await run_cell(jp_ws_fetch, kid, "w = 'again'")
+    assert await run_cell(jp_ws_fetch, kid, "h = get_ipython().history_manager\nh.writeout_cache()\n"
                                         "print(h.session_number)") == session
 
 
@@ -139,9 +128,9 @@ async def test_save_points_keep_unchanged_pages_once(jp_fetch, jp_ws_fetch, jp_s
     the first one takes its unchanged pages from the second."""
     runtime = jp_serverapp.kernel_manager.runtime
     kid = (await new_session(jp_fetch, "share.ipynb"))["kernel"]["id"]
-    await _run(jp_ws_fetch, kid, "import numpy as np\nx = 1\na = np.ones(64 << 17)")  # 64 MiB
+    await run_cell(jp_ws_fetch, kid, "import numpy as np\nx = 1\na = np.ones(64 << 17)")  # 64 MiB
     first = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "one"})
-    await _run(jp_ws_fetch, kid, "x = 2\na[:1000] = 2")
+    await run_cell(jp_ws_fetch, kid, "x = 2\na[:1000] = 2")
     second = await fetch_json(jp_fetch, *_api(kid), method="POST", body={"name": "two"})
     tracked = runtime.checkpointer.criu.dirty_tracking
     assert second["memory"]["dump"] == ("incremental" if tracked else "full"), second
@@ -160,14 +149,14 @@ async def test_save_points_keep_unchanged_pages_once(jp_fetch, jp_ws_fetch, jp_s
     assert whole > 64 << 20 and pagemaps.own_page_bytes(child_images) < whole // 8
     assert listed[child["id"]]["size"] < listed[parent["id"]]["size"] // 4, listed
 
-    await _run(jp_ws_fetch, kid, "x = 3")
+    await run_cell(jp_ws_fetch, kid, "x = 3")
     await fetch_json(jp_fetch, *_api(kid, first["id"], "restore"), method="POST", body={})
-    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == f"1 {64 << 17}"
+    assert await run_cell(jp_ws_fetch, kid, "print(x, int(a.sum()))") == f"1 {64 << 17}"
     await fetch_json(jp_fetch, *_api(kid, second["id"], "restore"), method="POST", body={})
-    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == f"2 {(64 << 17) + 1000}"
+    assert await run_cell(jp_ws_fetch, kid, "print(x, int(a.sum()))") == f"2 {(64 << 17) + 1000}"
     (fork,) = [k["id"] for k in (await fetch_json(jp_fetch, *_api(kid, child["id"], "fork"), method="POST",
                                                   body={}))["kernels"]]
-    assert await _run(jp_ws_fetch, fork, "print(x, int(a.sum()))") == values
+    assert await run_cell(jp_ws_fetch, fork, "print(x, int(a.sum()))") == values
 
     # the one whose pages the other takes goes: the other copies them in first
     await jp_fetch(*_api(kid, parent["id"]), method="DELETE")
@@ -176,4 +165,4 @@ async def test_save_points_keep_unchanged_pages_once(jp_fetch, jp_ws_fetch, jp_s
     assert pagemaps.own_page_bytes(store.get(child["id"]).images) > 64 << 20
     store.get(child["id"]).verify("images")
     await fetch_json(jp_fetch, *_api(kid, child["id"], "restore"), method="POST", body={})
-    assert await _run(jp_ws_fetch, kid, "print(x, int(a.sum()))") == values
+    assert await run_cell(jp_ws_fetch, kid, "print(x, int(a.sum()))") == values

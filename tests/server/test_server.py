@@ -43,6 +43,17 @@ async def open_ws(jp_ws_fetch, kernel_id, session_id="test-session"):
     return await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": session_id})
 
 
+async def run_cell(jp_ws_fetch, kernel_id, code, timeout=120):
+    """Run ``code`` in the kernel over a websocket of its own; its output. The cell must succeed."""
+    ws = await open_ws(jp_ws_fetch, kernel_id, f"s-{kernel_id}")
+    try:
+        reply, out, _ = await execute(ws, code, timeout=timeout)
+    finally:
+        ws.close()
+    assert reply["content"]["status"] == "ok", out
+    return out.strip()
+
+
 def kernel_pid(jp_serverapp, kernel_id):
     return jp_serverapp.kernel_manager.get_kernel(kernel_id).provisioner.kernel_pid
 
