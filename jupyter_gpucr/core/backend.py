@@ -17,6 +17,7 @@ from .criu.images import RegFile, read_image
 from .errors import PreconditionError
 from .process.running import Running
 from .recovery import Recovery
+from .steps.contract import RunningAgain
 from .storage import chain
 from .storage.store import Checkpoint, Store
 
@@ -47,10 +48,12 @@ class CheckpointBackend(Protocol):
     def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
                    before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = (),
-                   incremental: bool = False) -> Checkpoint:
+                   incremental: bool = False, running_again: RunningAgain | None = None) -> Checkpoint:
         """A complete checkpoint of ``target``. ``before_dump`` runs once the GPU is free and
         before CRIU freezes the process; if it raises, the process runs on as before.
-        ``incremental``: only what changed since the last save point, where that can be done."""
+        ``incremental``: only what changed since the last save point, where that can be done.
+        ``running_again`` (with ``leave_running``): called as soon as the process runs on, where
+        that is before the checkpoint is complete (see ``steps.contract``); never otherwise."""
 
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
                 progress: Progress = _no_progress, detach: bool = True,

@@ -33,7 +33,7 @@ from .process.running import Running
 from .recovery import RECOVER_WAIT, CrashRecovery, Recovery
 from .steps import netlocks
 from .steps.compatibility import check_compatible
-from .steps.contract import Progress, RestoreCheck, no_progress
+from .steps.contract import Progress, RestoreCheck, RunningAgain, no_progress
 from .steps.dump import write_checkpoint
 from .steps.pages import PAGES_WAIT, wait_for_pages
 from .steps.restore import ChangedWhileFilled, restore_locked
@@ -176,7 +176,7 @@ class Checkpointer(CheckpointBackend):
     def checkpoint(self, target: str | int, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = no_progress,
                    before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = (),
-                   incremental: bool = False) -> Checkpoint:
+                   incremental: bool = False, running_again: RunningAgain | None = None) -> Checkpoint:
         """Write a verified checkpoint of the process; without ``leave_running`` it is gone
         afterwards and its GPU memory is free. ``incremental`` (with ``leave_running``: a save
         point): only the pages written since the process's last such checkpoint, where the kernel
@@ -184,7 +184,8 @@ class Checkpointer(CheckpointBackend):
         before CRIU freezes the process (a process finishing work it started before the
         checkpoint, without the GPU); if it raises, the process runs on as before.
         ``also_durable``: folders beside the image that the checkpoint needs (a kernel's offloaded
-        tensors); they are flushed to disk while the driver and CRIU work.
+        tensors); they are flushed to disk while the driver and CRIU work. ``running_again``: see
+        ``steps.contract.RunningAgain``.
 
         CRIU leaves the dumped process stopped, not killed: it is stopped for good only once the
         image and ``also_durable`` are on disk, so a power loss never finds it gone and its
@@ -204,7 +205,7 @@ class Checkpointer(CheckpointBackend):
                 raise lost
             self.release_network_locks()  # each dump adds one; the host has room for 1024
             return write_checkpoint(self, name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
-                                    before_dump, list(also_durable), incremental)
+                                    before_dump, list(also_durable), incremental, running_again)
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, name: str, count: int = 1, names: Sequence[str] | None = None, gpu: str | int | None = "auto",

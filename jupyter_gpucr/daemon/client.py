@@ -29,6 +29,7 @@ from ..core.files import fsync_trees, make_private_dir
 from ..core.process.launcher import Started
 from ..core.process.running import Running
 from ..core.recovery import RECOVER_WAIT, Recovery
+from ..core.steps.contract import RunningAgain
 from ..core.storage.store import MANIFEST, Checkpoint, Manifest, Store, read_json, read_record, write_json_atomic
 from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
 
@@ -246,11 +247,12 @@ class DaemonCheckpointer(CheckpointBackend):
     def checkpoint(self, target: str, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = _no_progress,
                    before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = (),
-                   incremental: bool = False) -> Checkpoint:
+                   incremental: bool = False, running_again: RunningAgain | None = None) -> Checkpoint:
         """See ``Checkpointer.checkpoint``: the daemon asks for ``before_dump`` once the GPU is free,
         before CRIU freezes the process. What ``before_dump`` raises is raised here (the daemon
         left the process running). Its dumps are full: with ``incremental`` the manifest's
-        ``memory`` says so."""
+        ``memory`` says so. ``running_again`` is never called: the daemon answers once the
+        checkpoint is complete."""
         fsync_trees(also_durable)  # on disk before the daemon's dump ends the process
         failed: list[BaseException] = []
 

@@ -5,8 +5,10 @@ source is paused for all of it (W2: 7.7-13.1 s). So the source goes through the 
 instead: its clients' messages are held, it trims itself and moves its GPU tensors into files
 beside its image (``gpucr_hooks.offload``, about 50 GB/s), CRIU dumps it and leaves it running
 (the driver copies only what is left), and it takes its tensors back, as after a failed suspend;
-then the held messages reach it. It is paused about as long as a suspend takes. Each fork takes
-the tensors back from links of its own to those files.
+then the held messages reach it. It is paused about as long as a suspend takes, less the image's
+verification and flush to disk, which run on after it runs again (the files it writes are copied
+first, as they were at the dump: ``steps.contract.RunningAgain``). Each fork takes the tensors
+back from links of its own to those files.
 
 That checkpoint is useless without the files, which are deleted once the forks hold their tensors:
 it is deleted with them (:meth:`SourceCheckpoint.discard`). When the source cannot take its
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.criu.images import RegFile
 from ..core.errors import EngineError, NotFoundError, StateError
 from ..core.files import make_private_dir
 from ..core.forks.copies import keep_written_files
@@ -77,7 +80,7 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
     shutil.rmtree(kept, ignore_errors=True)  # left by a server that died in the middle of a fork
     report: dict[str, Any] = {}
     t0 = time.perf_counter()
-    ckpt: Checkpoint | None = None
+    dumping: asyncio.Future[Checkpoint] | None = None
     try:
         async with _held(ops.kernel_manager, kernel_id):
             moved = await _move_tensors_out(ops, km, offload_to, save_point_after)
@@ -88,11 +91,16 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
                 if detach is not None:
                     await ops.kernel_manager.detach_kernel(kernel_id, detach)
                     detached = True
-                ckpt = made = await asyncio.to_thread(ops.checkpointer.checkpoint, kernel_id, True, reason,
-                                                      {**(extra or {}), "offload": moved.get("offload")},
-                                                      incremental=incremental)
-                report["dump"] = made.manifest.get("timings", {})
-                await asyncio.to_thread(keep_files, ops, made)
+                again = _RunningAgain()
+                dumping = asyncio.ensure_future(asyncio.to_thread(
+                    ops.checkpointer.checkpoint, kernel_id, True, reason, {**(extra or {}), "offload": moved.get("offload")},
+                    incremental=incremental, running_again=again))
+                await again.or_done(dumping)
+                if again.at is not None:
+                    cid, files = again.at
+                    await asyncio.to_thread(keep_written_files, cid, store.proc_dir(kernel_id), files)
+                else:  # the backend answered once complete (the daemon)
+                    await asyncio.to_thread(keep_files, ops, dumping.result())
                 if offload_to.is_dir():
                     _link_all(offload_to, kept)
             finally:
@@ -103,22 +111,54 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
                 report["reload"] = await _tensors_back(ops, kernel_id, km, offload_to)
                 report["reload_s"] = round(time.perf_counter() - t2, 3)
         report["paused_s"] = round(time.perf_counter() - t0, 3)
+        t3 = time.perf_counter()
+        ckpt = await dumping
+        report["dump"] = ckpt.manifest.get("timings", {})
+        report["finish_s"] = round(time.perf_counter() - t3, 3)
     except BaseException:
         shutil.rmtree(kept, ignore_errors=True)
-        if ckpt is not None:
-            with contextlib.suppress(NotFoundError):
-                store.delete(ckpt.id)
+        if dumping is not None:
+            (made,) = await asyncio.gather(dumping, return_exceptions=True)  # its thread runs on: wait for it
+            if isinstance(made, Checkpoint):
+                with contextlib.suppress(NotFoundError):
+                    store.delete(made.id)
         raise
-    assert ckpt is not None  # else the checkpoint raised
     ops.log.info("gpucr: kernel %s was paused %.2f s for its %s (%d MiB of GPU tensors moved out and back)",
                      kernel_id, report["paused_s"], "save point" if reason == "savepoint" else reason, (report.get("offload") or {}).get("bytes", 0) >> 20)
     return SourceCheckpoint(ckpt, kept if kept.is_dir() else None, report)
 
 
+class _RunningAgain:
+    """Told from the checkpoint's thread when the kernel runs again, before its checkpoint is
+    verified and durable (``steps.contract.RunningAgain``): its messages need not wait for that."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+        self.at: tuple[str, list[RegFile]] | None = None  # the checkpoint's id, its image's files
+
+    def __call__(self, cid: str, files: list[RegFile]) -> None:
+        self.loop.call_soon_threadsafe(self._set, cid, files)
+
+    def _set(self, cid: str, files: list[RegFile]) -> None:
+        self.at = (cid, files)
+        self.event.set()
+
+    async def or_done(self, dumping: asyncio.Future[Checkpoint]) -> None:
+        """Until the kernel runs again or the checkpoint ended; raises what the checkpoint raised."""
+        told: asyncio.Future[Any] = asyncio.ensure_future(self.event.wait())
+        try:
+            await asyncio.wait({told, dumping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            told.cancel()
+        if dumping.done() and self.at is None:
+            dumping.result()
+
+
 def keep_files(ops: KernelOperations, ckpt: Checkpoint) -> None:
     """``keep_written_files`` for a kernel's checkpoint, its files named by the backend (the
     daemon reads images the server cannot)."""
-    keep_written_files(ckpt, ops.store.proc_dir(ckpt.name), ops.checkpointer.image_files(ckpt))
+    keep_written_files(ckpt.id, ops.store.proc_dir(ckpt.name), ops.checkpointer.image_files(ckpt))
 
 
 @contextlib.asynccontextmanager

@@ -122,7 +122,7 @@ def fork(cp: Copier, name: str, count: int = 1, names: Sequence[str] | None = No
                     outcomes.append(e)
     finally:
         if not is_save_point(ckpt):  # a save point's copies stay, for the next fork or going back to it
-            shutil.rmtree(_kept_dir(cp.store.proc_dir(name), ckpt), ignore_errors=True)
+            shutil.rmtree(_kept_dir(cp.store.proc_dir(name), ckpt.id), ignore_errors=True)
     failed = [(new, o) for new, o in zip(wanted, outcomes) if isinstance(o, BaseException)]
     if failed:
         error = _said_of_the_fork(cp, name, *failed[0])
@@ -156,7 +156,7 @@ def _source_checkpoint(cp: Copier, name: str, rec: ProcRecord) -> Checkpoint:
     """A checkpoint of the running source that leaves it running, or the one it is suspended in."""
     if rec.get("state") == "running" and is_alive(rec.get("pid")):
         made = cp.checkpoint(name, leave_running=True, reason="fork")
-        keep_written_files(made, cp.store.proc_dir(name), read_image(made.images).files)
+        keep_written_files(made.id, cp.store.proc_dir(name), read_image(made.images).files)
         return made
     ckpt = cp.store.latest(name)
     if ckpt is None:
@@ -168,7 +168,7 @@ def _source_checkpoint(cp: Copier, name: str, rec: ProcRecord) -> Checkpoint:
 def _make(cp: Copier, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Image,
           routes: list[netns.Route], new: str, gpu: str | int | None, detach: bool, beside: Mapping[str, int]) -> Running:
     d = cp.store.proc_dir(new)
-    files = _copy_written_files(image, cp.store.proc_dir(source), d, _kept_dir(cp.store.proc_dir(source), ckpt))
+    files = _copy_written_files(image, cp.store.proc_dir(source), d, _kept_dir(cp.store.proc_dir(source), ckpt.id))
     record: ProcRecord = {
         "name": new, "command": rec.get("command"), "cwd": rec.get("cwd"), "created": time.time(),
         "state": "checkpointed", "pid": None, "ns_pid": rec.get("ns_pid"), "checkpoint": None,
@@ -179,12 +179,12 @@ def _make(cp: Copier, source: str, rec: ProcRecord, ckpt: Checkpoint, image: Ima
     return cp.restore(new, gpu=gpu, checkpoint_id=ckpt.id, detach=detach, files=files, gpu_bytes_beside=beside)
 
 
-def keep_written_files(ckpt: Checkpoint, source_dir: Path, files: Iterable[RegFile]) -> None:
+def keep_written_files(cid: str, source_dir: Path, files: Iterable[RegFile]) -> None:
     """Copies of the files a running source has open for writing (of ``files``, its image's), taken right after its checkpoint
     (the server takes them while it still holds the kernel's messages), for every fork to start
     from: a copy taken later holds what the source wrote since (IPython's history database then
     holds lines that the fork's own history repeats, and IPython says so in the fork's output)."""
-    kept = _kept_dir(source_dir, ckpt)
+    kept = _kept_dir(source_dir, cid)
     shutil.rmtree(kept, ignore_errors=True)
     make_private_dir(kept)
     for path in written_files(files):
@@ -193,8 +193,8 @@ def keep_written_files(ckpt: Checkpoint, source_dir: Path, files: Iterable[RegFi
             shutil.copyfile(path, kept / _flat(path))
 
 
-def _kept_dir(source_dir: Path, ckpt: Checkpoint) -> Path:
-    return source_dir / KEPT_FILES / ckpt.id
+def _kept_dir(source_dir: Path, cid: str) -> Path:
+    return source_dir / KEPT_FILES / cid
 
 
 def _flat(path: str) -> str:

@@ -19,6 +19,7 @@ import psutil
 from ..._version import __version__
 from ..criu import hugepages, nodecompat
 from ..criu.commands import dump_stats
+from ..criu.images import read_image
 from ..errors import EngineError, GPUCRError, PreconditionError
 from ..files import dir_size, fsync_trees
 from ..gpu import cuda, gpus
@@ -30,14 +31,14 @@ from ..storage.checksums import DigestWhileWriting
 from ..storage.store import Checkpoint, Manifest
 from . import incremental as incremental_dumps
 from .background import in_background
-from .contract import CheckpointerParts, Progress, no_progress
+from .contract import CheckpointerParts, Progress, RunningAgain, no_progress
 from .putback import put_back_from
 
 
 def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int, leave_running: bool, reason: str,
                      extra: dict[str, Any], progress: Progress,
                      before_dump: Callable[[], None] | None, also_durable: list[Path],
-                     incremental: bool = False) -> Checkpoint:
+                     incremental: bool = False, running_again: RunningAgain | None = None) -> Checkpoint:
     """Checkpoint the running ``pid`` of ``name`` (the name's lock held; see
     :meth:`~jupyter_gpucr.core.checkpointer.Checkpointer.checkpoint`)."""
     t0 = time.perf_counter()
@@ -103,6 +104,8 @@ def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int
     if leave_running:
         cuda.put_back(locked)
     try:
+        if leave_running and running_again is not None:
+            running_again(cid, read_image(tmp / "images").files)
         progress("verifying", estimate, estimate)
         t1 = time.perf_counter()
         files = digests.result()
