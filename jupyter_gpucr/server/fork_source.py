@@ -188,7 +188,8 @@ async def _move_tensors_out(ops: KernelOperations, km: Any, offload_to: Path,
         if options.trim_before_suspend:
             report["trim"] = await kernel_rpc.prepare_suspend(client, timeout=60)
         if options.offload_gpu_tensors:
-            report["offload"] = await kernel_rpc.offload(client, offload_to, "trim" not in report, save_point_after)
+            report["offload"] = await kernel_rpc.offload(client, offload_to, "trim" not in report, save_point_after or (),
+                                                         save_point=save_point_after is not None)
     except Exception as e:
         ops.log.warning("gpucr: the kernel did not move its GPU tensors out before its fork: %s", e)
     finally:

@@ -138,16 +138,16 @@ async def prepare_suspend(client: Any, timeout: float | None = 120.0) -> dict[st
     return await _call(client, "prepare_suspend", {}, timeout)
 
 
-async def offload(client: Any, path: str | os.PathLike[str], collect: bool = True,
-                  save_point_after: Sequence[Path] | None = None, timeout: float | None = 600.0) -> dict[str, Any]:
+async def offload(client: Any, path: str | os.PathLike[str], collect: bool = True, reuse: Sequence[Path] = (),
+                  save_point: bool = False, timeout: float | None = 600.0) -> dict[str, Any]:
     """Move the kernel's CUDA tensors into the folder ``path`` and free their GPU memory
     (``gpucr_hooks.offload_tensors``); returns the bytes and storages moved. ``collect=False``
-    when ``prepare_suspend`` has just collected garbage. ``save_point_after``, for a save point:
-    the tensor folders of the kernel's earlier save points, newest first, whose files its tensors
-    unchanged since the last one are linked from instead of written again."""
+    when ``prepare_suspend`` has just collected garbage. ``reuse``: the tensor folders of the
+    kernel's save points, whose files the tensors unchanged since its last save point are linked
+    from instead of written again; ``save_point``: this offload is one's."""
     arguments: dict[str, Any] = {"path": os.path.abspath(path), "collect": collect}
-    if save_point_after is not None:
-        arguments.update(remember=True, reuse=[os.path.abspath(p) for p in save_point_after])
+    if reuse or save_point:
+        arguments.update(remember=save_point, reuse=[os.path.abspath(p) for p in reuse])
     return await _call(client, "offload_tensors", arguments, timeout)
 
 

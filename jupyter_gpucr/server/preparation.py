@@ -22,6 +22,8 @@ from .provisioner import GPUCRProvisioner
 
 #: A kernel's record beside its process files (procs/KERNEL_ID/), for listing it after a crash.
 KERNEL_RECORD = "kernel.json"
+#: Beside them too: the GPU tensor files of each of the kernel's save points (``savepoints.py``).
+SAVEPOINT_TENSORS = "savepoint-tensors"
 
 
 class SavedReplies:
@@ -44,10 +46,18 @@ class SavedReplies:
         return Saved(self._by_kernel.get(kernel_id, {}), history if history.exists() else None)
 
 
-async def prepare(km: Any, options: GPUCR, log: Any, trim: bool,
-                  offload_to: Path | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def save_point_tensors(store: Store, kernel_id: str) -> list[Path]:
+    """The folders of the kernel's save points' GPU tensors, newest first: its offloads link the
+    tensors unchanged since its last save point from them."""
+    root = store.proc_dir(kernel_id) / SAVEPOINT_TENSORS
+    return sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
+
+
+async def prepare(km: Any, options: GPUCR, log: Any, trim: bool, offload_to: Path | None,
+                  reuse: list[Path]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Save the replies a suspended kernel answers from disk, have it trim itself and move
-    its GPU tensors out. None of these may block a suspend (the driver checkpoint takes
+    its GPU tensors out (those unchanged since its last save point linked from ``reuse``:
+    ``save_point_tensors``). None of these may block a suspend (the driver checkpoint takes
     whatever stays on the GPU), so failures only log."""
     client = kernel_rpc.own_client(km)
     client.start_channels()
@@ -58,7 +68,7 @@ async def prepare(km: Any, options: GPUCR, log: Any, trim: bool,
         if trim and options.trim_before_suspend:
             report = await kernel_rpc.prepare_suspend(client, timeout=60)
         if offload_to is not None and options.offload_gpu_tensors:
-            moved = await kernel_rpc.offload(client, offload_to, collect=report is None)
+            moved = await kernel_rpc.offload(client, offload_to, report is None, reuse)
             report = {**(report or {}), "offload": moved}
     except Exception as e:
         log.warning("gpucr: kernel did not answer before the suspend: %s", e)

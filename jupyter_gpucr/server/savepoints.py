@@ -65,9 +65,8 @@ from .fork_source import checkpoint_running, keep_files
 from .kernel_forks import MAX_FORKS, KernelForker
 from .kernels import KernelOperations
 from .lifecycle import RUNNING, SUSPENDED
+from .preparation import SAVEPOINT_TENSORS, save_point_tensors
 
-#: Links to a save point's offloaded GPU tensors, by save point id, in the kernel's folder.
-TENSORS = "savepoint-tensors"
 #: The longest name a save point may have, and how much of the last cell's code is kept.
 MAX_NAME = 200
 MAX_CODE = 2000
@@ -133,10 +132,10 @@ class SavePoints:
             if state == RUNNING:
                 source = await checkpoint_running(self.ops, kernel_id, km, SAVE_POINT, {"savepoint": details},
                                                   detach=idle, incremental=True,
-                                                  save_point_after=[self._tensors(c) for c in reversed(self._of(kernel_id))])
+                                                  save_point_after=save_point_tensors(self.store, kernel_id))
                 ckpt, pause = source.checkpoint, source.report
                 if source.tensors is not None:
-                    make_private_dir(self.store.proc_dir(kernel_id) / TENSORS)
+                    make_private_dir(self.store.proc_dir(kernel_id) / SAVEPOINT_TENSORS)
                     os.rename(source.tensors, self._tensors(ckpt))
             elif state == SUSPENDED:
                 now = self._criu_checkpoint(kernel_id)
@@ -303,7 +302,7 @@ class SavePoints:
         with contextlib.suppress(NotFoundError):
             self.store.delete(sp.id)
         d = self.store.proc_dir(sp.name)
-        shutil.rmtree(d / TENSORS / sp.id, ignore_errors=True)
+        shutil.rmtree(d / SAVEPOINT_TENSORS / sp.id, ignore_errors=True)
         shutil.rmtree(d / KEPT_FILES / sp.id, ignore_errors=True)
 
     # -- helpers -------------------------------------------------------------------------
@@ -331,7 +330,7 @@ class SavePoints:
         return ckpt
 
     def _tensors(self, ckpt: Checkpoint) -> Path:
-        return self.store.proc_dir(ckpt.name) / TENSORS / ckpt.id
+        return self.store.proc_dir(ckpt.name) / SAVEPOINT_TENSORS / ckpt.id
 
 
 def _checked_name(name: Any) -> str | None:

@@ -272,8 +272,8 @@ class KernelSuspender:
                     self._progress(kernel_id)("saving-variables", 0, 0)
                     carried = await portable.save(km, self.store, kernel_id)
                 with WritebackWhileWriting(offload_to) if offload_to else contextlib.nullcontext():  # the disk starts at once
-                    saved, trim = await preparation.prepare(km, self.options, self.log, trim=engine.name == "criu",
-                                                            offload_to=offload_to)
+                    saved, trim = await preparation.prepare(km, self.options, self.log, engine.name == "criu", offload_to,
+                                                            preparation.save_point_tensors(self.store, kernel_id))
                 if not await km.is_alive():
                     raise StateError(f"{await self._display_name(kernel_id)} exited while it was being suspended.",
                                      "Restart the kernel.")

@@ -69,9 +69,9 @@ def offload_tensors(path: str, collect: bool = True, reuse: list[str] | None = N
     memory; return once the bytes are written (not yet durable: see the module's docstring).
     ``collect=False`` skips the garbage collection (the caller just ran one; with ``collect`` it is
     skipped too when the kernel collected while idle, see ``idle``). ``remember`` (a save point):
-    keep the storages' fingerprints for the next save point, which takes the unchanged ones from
-    the files in the folders ``reuse`` (earlier save points'). Reports the bytes moved (``bytes``,
-    of which ``linked`` were taken by reference) and where the time went."""
+    keep the storages' fingerprints for the next offload, which takes those still unchanged from
+    the files in the folders ``reuse`` (the save points'): a save point's, or a suspend's. Reports
+    the bytes moved (``bytes``, of which ``linked`` were taken by reference) and where the time went."""
     global _folder, _kept
     t0 = time.perf_counter()
     torch = sys.modules.get("torch")
@@ -89,7 +89,7 @@ def offload_tensors(path: str, collect: bool = True, reuse: list[str] | None = N
         finally:
             staging = pending.result()
     t_found = time.perf_counter()
-    prints = fingerprints(torch, storages) if remember or reuse else [None] * len(storages)
+    prints = fingerprints(torch, storages) if remember or (reuse and _kept) else [None] * len(storages)
     t_printed = time.perf_counter()
     with staging:
         if not storages:

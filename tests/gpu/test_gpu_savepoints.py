@@ -1,6 +1,6 @@
 """Save points of a kernel with tensors on the GPU, through the real server: a tensor unchanged
 since the last save point is not written again (its file is linked: the same inode in both save
-points' folders), a changed one is; going back to either save point brings every tensor's values
+points' folders; a suspend links it too), a changed one is; going back to either save point brings every tensor's values
 back on cuda:0 under the same kernel id. Runs on the GPU machine (docs/dev/gpu-tests.md); skips
 without a GPU."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 
 from jupyter_gpucr.core.gpu import cuda, gpus
-from jupyter_gpucr.server.savepoints import TENSORS
+from jupyter_gpucr.server.preparation import SAVEPOINT_TENSORS
 from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws, run_cell  # noqa: F401
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -38,7 +38,7 @@ def _api(kid, *rest):
 
 
 def _inodes(jp_serverapp, kid, sp_id):
-    folder = jp_serverapp.kernel_manager.runtime.store.proc_dir(kid) / TENSORS / sp_id
+    folder = jp_serverapp.kernel_manager.runtime.store.proc_dir(kid) / SAVEPOINT_TENSORS / sp_id
     return {os.stat(folder / n).st_ino: os.path.getsize(folder / n) for n in os.listdir(folder)}
 
 
@@ -69,4 +69,8 @@ async def test_unchanged_gpu_tensors_are_linked_not_written_again(jp_fetch, jp_w
     # a save point after going back links from the save point the kernel came back from
     third = await fetch_json(jp_fetch, *_api(kid), method="POST", body={})
     assert third["pause"]["offload"]["linked"] >= (1 << 30) + (1 << 28), third["pause"]["offload"]
+    assert await _run(jp_ws_fetch, kid, SHOW) == at_second
+    # a suspend links them too, and the resume brings them back
+    st = await fetch_json(jp_fetch, "api", "gpucr", "kernels", kid, "suspend", method="POST", body={})
+    assert st["trim"]["offload"]["linked"] >= (1 << 30) + (1 << 28), st["trim"]
     assert await _run(jp_ws_fetch, kid, SHOW) == at_second
