@@ -4,7 +4,8 @@
 the core ``Checkpointer`` does, so the server swaps it in where it would build a local one. The images stay in the daemon's root-only store; the user's own
 store (``store``) mirrors each daemon checkpoint as a manifest without images, so that listing,
 the trash and relisting after a server restart work on it unchanged. Deleting a mirrored checkpoint
-(directly, by retention, or when its trash entry is purged) deletes the images in the daemon too.
+(directly, by retention, or when its trash entry is purged) deletes the images in the daemon too;
+moving one into the trash has the daemon hold it there (``in_trash``), out of its retention's reach.
 Save points are made there too: the daemon copies a checkpoint and names an image's files for its
 user (``copy``, ``files``), since the user may not read the images.
 """
@@ -16,7 +17,8 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,7 +33,7 @@ from ..core.process.running import Running
 from ..core.recovery import RECOVER_WAIT, Recovery
 from ..core.steps.contract import RunningAgain
 from ..core.storage.store import MANIFEST, Checkpoint, Manifest, Store, read_json, read_record, write_json_atomic
-from .protocol import DEFAULT_SOCKET, encode, error_from, read_line
+from .protocol import DEFAULT_SOCKET, ProtocolError, encode, error_from, read_line
 
 Progress = Callable[[str, int, int], None]
 CONNECT_TIMEOUT = 5.0
@@ -185,15 +187,68 @@ class DaemonStore(Store):
         super().delete(cid)
 
     def delete_trash(self, tid: str) -> None:
-        entry = self._trash_entry(tid)
-        for ckpt in (entry / "checkpoints").glob("*"):
-            if _mirrored(ckpt):
-                _remove_in_daemon(self.client, ckpt.name)
+        for cid in self._mirrors_in_trash(tid):
+            _remove_in_daemon(self.client, cid)
         super().delete_trash(tid)
+
+    def trash(self, name: str, reason: str, details: dict[str, Any] | None = None) -> str:
+        with self._held_in_daemon(_mirrors(self._checkpoint_dirs(name)), True):
+            return super().trash(name, reason, details)
+
+    def trash_checkpoint(self, name: str, cid: str, reason: str, details: dict[str, Any] | None = None,
+                         move: tuple[str, ...] = ()) -> str:
+        with self._held_in_daemon(_mirrors([self.checkpoints_root / cid]), True):
+            return super().trash_checkpoint(name, cid, reason, details, move)
+
+    def put_back_trashed_checkpoint(self, tid: str, move: tuple[str, ...] = ()) -> None:
+        with self._held_in_daemon(self._mirrors_in_trash(tid), False):
+            super().put_back_trashed_checkpoint(tid, move)
+
+    def untrash(self, tid: str) -> str:
+        with self._held_in_daemon(self._mirrors_in_trash(tid), False):
+            return super().untrash(tid)
+
+    def _mirrors_in_trash(self, tid: str) -> builtins.list[str]:
+        return _mirrors((self._trash_entry(tid) / "checkpoints").glob("*"))
+
+    @contextmanager
+    def _held_in_daemon(self, cids: builtins.list[str], held: bool) -> Iterator[None]:
+        """Around moving mirrors into this store's trash (``held``) or out of it: the daemon marks
+        their checkpoints first, so that its retention spares what this trash holds; nothing moves
+        when it cannot, and a move that fails has its marks undone."""
+        done: builtins.list[str] = []
+        try:
+            for cid in cids:
+                _mark_in_trash(self.client, cid, held)
+                done.append(cid)
+            yield
+        except BaseException:
+            for cid in done:
+                with suppress(GPUCRError):
+                    _mark_in_trash(self.client, cid, not held)
+            raise
 
 
 def _mirrored(path: Path) -> bool:
     return MIRROR_KEY in (read_json(path / MANIFEST) or {})
+
+
+def _mirrors(paths: Iterable[Path]) -> list[str]:
+    """The ids of the checkpoint folders in ``paths`` that mirror the daemon's."""
+    return [p.name for p in paths if _mirrored(p)]
+
+
+def _mark_in_trash(client: DaemonClient, cid: str, held: bool) -> None:
+    """See ``Daemon.op_in_trash``. One the daemon no longer has needs no mark. An older daemon has
+    no such verb: there, as before it, a checkpoint in the trash is kept until its kernel's next
+    suspend (the daemon's retention)."""
+    try:
+        client.call("in_trash", checkpoint_id=cid, held=held)
+    except NotFoundError:
+        pass
+    except ProtocolError as e:
+        if not e.message.startswith("Unknown request"):
+            raise
 
 
 def _remove_in_daemon(client: DaemonClient, cid: str) -> None:
@@ -282,9 +337,14 @@ class DaemonCheckpointer(CheckpointBackend):
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
                 progress: Progress = _no_progress, detach: bool = True,
                 gpu_bytes_beside: Mapping[str, int] | None = None) -> Running:
+        """See ``Checkpointer.restore``. The files of the kernel's folder copied since its checkpoint
+        (a trash entry's) are named in this store's record, not in the daemon's, which replaces it."""
+        copied = read_record(self.store.procs_root / name).get("copied_files") or []
         result = self.client.call("restore", progress, name=name, gpu=gpu, checkpoint_id=checkpoint_id,
                                   gpu_bytes_beside=dict(gpu_bytes_beside or {}))
-        return self._running(result, result.get("timings", {}))
+        running = self._running(result, result.get("timings", {}))
+        running.relocated = {p: p for p in copied}
+        return running
 
     def await_pages(self, name: str) -> None:
         """See ``Checkpointer.await_pages``; the daemon waits."""

@@ -30,7 +30,7 @@ MAX_LINE = 4 << 20
 #: never images; anything longer is refused before it is parsed.
 MAX_REQUEST = 1 << 20
 VERBS = ("hello", "run", "checkpoint", "restore", "recover", "recover_all", "list", "remove", "kill", "poll", "await_pages",
-         "copy", "files")
+         "copy", "files", "in_trash")
 
 
 class ProtocolError(GPUCRError):

@@ -52,7 +52,7 @@ from ..core.gpu import cuda, gpus
 from ..core.process.procs import is_alive, tree, tree_rss
 from ..core.storage.locks import exclusive
 from ..core.storage.names import validate_name
-from ..core.storage.store import Checkpoint, Store, is_save_point, name_of_id, read_record
+from ..core.storage.store import Checkpoint, Store, name_of_id, read_record
 
 log = logging.getLogger("gpucr-daemon")
 #: How often the watchdog looks at the logs: a process may pass the cap by what it writes meanwhile.
@@ -227,7 +227,7 @@ class Quotas:
     def _admit_dump(self, uid: int, store: Store, name: str, pid: int, quota: int) -> _Dump:
         """Reserve the estimate of a dump of ``name``, or refuse it (the process untouched)."""
         need = checkpoint_estimate(pid)
-        older = [c for c in store.list_checkpoints(name) if not is_save_point(c)]  # retention keeps save points
+        older = store.suspended_in(name)  # retention keeps save points and those in the server's trash
         freed = sum(c.size for c in older[:max(0, len(older) - (self.keep_last - 1))])  # what retention deletes
         with self._dumps_lock:
             others = self._dumps.setdefault(uid, [])

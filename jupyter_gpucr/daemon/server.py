@@ -270,6 +270,18 @@ class Daemon:
         _check_made_for(ckpt, peer)
         return {"files": [asdict(f) for f in read_image(ckpt.images).files]}
 
+    def op_in_trash(self, peer: Peer, checkpoint_id: str, held: bool) -> dict[str, Any]:
+        """Mark one of the peer's checkpoints as held in the peer's trash (``held``), or no longer.
+        The client's trash holds only its manifest: a held checkpoint is kept out of the way as that
+        trash would keep it (never the latest, never deleted by retention) until it is put back or
+        removed (``remove``, when the trash entry is deleted); the store quota counts it."""
+        if not isinstance(held, bool):
+            raise ProtocolError("held must be true or false.")
+        cr = self.checkpointer(peer)
+        _check_made_for(cr.store.get(checkpoint_id), peer)
+        cr.store.set_in_trash(checkpoint_id, held)
+        return {}
+
     def op_poll(self, peer: Peer, name: str) -> dict[str, Any]:
         holder = self._holders.get((peer.uid, _name(name)))
         return {"returncode": holder.poll() if holder else None}

@@ -98,6 +98,24 @@ def test_trash_listing_expiry_purge_and_delete(store_dir):
     assert store.list_trash() == [] and not any((store_dir / "trash").iterdir())
 
 
+def test_a_checkpoint_held_in_a_front_ends_trash_is_set_aside(store_dir):
+    """The gpucr daemon's store, whose client's trash holds a manifest only: a checkpoint marked as held
+    there is never the latest, retention leaves it (by count and by bytes), a copy of it is in no trash,
+    and once put back it is one of the process's checkpoints again."""
+    store = Store(store_dir)
+    left = make_checkpoint(store, "k")
+    store.set_in_trash(left, True)
+    assert store.latest("k") is None
+    now = make_checkpoint(store, "k")
+    assert store.latest("k").id == now
+    assert store.apply_retention("k", keep_last=1, max_bytes=0) == []
+    copy = store.copy_checkpoint(left, "goback")
+    assert "in_trash" not in copy.manifest
+    store.delete(copy.id)
+    store.set_in_trash(left, False)
+    assert store.apply_retention("k", keep_last=1) == [left]
+
+
 def test_broken_manifest_is_reported_and_its_images_kept(store_dir):
     store = Store(store_dir)
     good = make_checkpoint(store, "nb")

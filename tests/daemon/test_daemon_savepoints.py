@@ -3,7 +3,9 @@ ordinary user (no checkpoint privileges), real ipykernels and CRIU. alice takes 
 running kernel, changes a variable and goes back under the same kernel id; takes one of a
 suspended kernel; a file changed since a save point is named and nothing is done. The images stay
 root's in the daemon; bob, at the daemon's socket, can neither copy nor read alice's. The store
-quota counts a copy's hard links once and refuses copies once it is full."""
+quota counts a copy's hard links once and refuses copies once it is full. The state a kernel leaves
+when it goes back stays in the daemon while the server's trash holds it, through the kernel's next
+suspend, and comes back from the trash."""
 from __future__ import annotations
 
 import json
@@ -190,6 +192,37 @@ def test_save_point_of_a_suspended_kernel_and_bob(world: tuple[Server, H.Daemon]
     assert server.run(kernel, "print(y)") == "kept"
     assert server.call("DELETE", savepoints(kernel, sp["id"])).status_code == 204
     assert not (dstore / "checkpoints" / sp["id"]).exists()
+
+
+def test_the_state_left_behind_comes_back_from_the_trash(world: tuple[Server, H.Daemon]) -> None:
+    """The left state's images stay in the daemon, held there while the server's trash has its
+    manifest: the kernel's next suspend (the daemon's retention) leaves them, and restoring the trash
+    entry in place of the kernel brings the variable back."""
+    server, daemon = world
+    dstore = daemon.user_store(pwd.getpwnam(ALICE).pw_uid)
+    kid = server.ok("POST", "/api/kernels", json={"name": "python3"})["id"]
+    server.run(kid, "v = 'saved'")
+    sp = server.ok("POST", savepoints(kid), json={})
+    server.run(kid, "v = 'left behind'")
+    trash_id = server.ok("POST", savepoints(kid, sp["id"], "restore"), json={})["trash_id"]
+    [left] = next(t for t in server.ok("GET", "/api/gpucr/trash") if t["id"] == trash_id)["checkpoints"]
+    assert "in_trash" in daemon_manifest(dstore, left)
+
+    assert server.ok("POST", f"/api/gpucr/kernels/{kid}/suspend", json={})["state"] == "suspended"
+    assert server.ok("POST", f"/api/gpucr/kernels/{kid}/resume", json={})["state"] == "running"
+    assert server.run(kid, "print(v)") == "saved"
+    assert (dstore / "checkpoints" / left).is_dir()  # the daemon's retention spared it
+
+    server.ok("POST", f"/api/gpucr/trash/{trash_id}/restore", json={"replace": True})
+    assert server.run(kid, "print(v)") == "left behind"
+    assert "in_trash" not in daemon_manifest(dstore, left)
+    # the kernel it replaced went to the trash in turn: held in the daemon as well
+    for entry in server.ok("GET", "/api/gpucr/trash"):
+        assert all("in_trash" in daemon_manifest(dstore, cid) for cid in entry["checkpoints"]), entry
+
+
+def daemon_manifest(dstore: Path, cid: str) -> dict[str, Any]:
+    return json.loads((dstore / "checkpoints" / cid / "manifest.json").read_text())
 
 
 def test_copies_count_once_and_stop_at_the_quota(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Final, Literal, TypedDict, cast
 
 from ..criu.commands import at_work_in, drop_network_lock, dump_finished
 from ..criu.pagemaps import MAX_CHAIN
@@ -107,6 +107,7 @@ class Manifest(TypedDict, total=False):
     offload: dict[str, Any]
     owner: dict[str, Any]
     daemon_images: str  # a mirror of a checkpoint whose images are in the gpucr daemon's store
+    in_trash: float  # when a front end's trash took it, its images staying here (IN_TRASH)
     savepoint: dict[str, Any]  # a save point's name, last cell and state (server/savepoints.py)
     from_savepoint: str  # the save point a process went back to (this checkpoint is its copy)
     open_files: dict[str, Any]  # the files its process holds open, for a restore elsewhere (core/storage/openfiles.py)
@@ -126,6 +127,17 @@ SAVE_POINT = "savepoint"
 
 def is_save_point(ckpt: Checkpoint) -> bool:
     return ckpt.manifest.get("reason") == SAVE_POINT
+
+
+#: A manifest's mark on a checkpoint that a front end's trash holds while its images stay in this
+#: store (the gpucr daemon's, whose client keeps only a manifest in its own trash): set aside as
+#: the trash sets a checkpoint aside, never the latest and out of retention's reach, until it is
+#: put back or deleted (:meth:`Store.set_in_trash`).
+IN_TRASH: Final = "in_trash"
+
+
+def in_trash(ckpt: Checkpoint) -> bool:
+    return IN_TRASH in ckpt.manifest
 
 
 def default_root() -> Path:
@@ -400,11 +412,17 @@ class Store:
                 problems.append(e)
         return problems
 
+    def suspended_in(self, name: str) -> list[Checkpoint]:
+        """The readable checkpoints of ``name`` a process may be suspended in, oldest first: neither
+        save points (:func:`is_save_point`) nor held in a front end's trash (:func:`in_trash`).
+        Retention keeps ``keep_last`` of them; the newest is the latest."""
+        return [c for c in self.list_checkpoints(name) if not is_save_point(c) and not in_trash(c)]
+
     def latest(self, name: str) -> Checkpoint | None:
-        """The newest checkpoint of ``name``; CheckpointDamagedError when the newest one is damaged,
-        rather than silently falling back to an older one or to none. Save points
-        (:func:`is_save_point`) are not what a process is suspended in: never the latest."""
-        items = [c for c in self.list_checkpoints(name) if not is_save_point(c)]
+        """The newest checkpoint of ``name`` a process may be suspended in (:meth:`suspended_in`);
+        CheckpointDamagedError when the newest one is damaged, rather than silently falling back to
+        an older one or to none."""
+        items = self.suspended_in(name)
         bad = [p for p in self._checkpoint_dirs(name) if p.name not in {c.id for c in items}]
         newest_bad = max(bad, key=lambda p: time_of_id(p.name), default=None)
         if newest_bad is not None and (not items or time_of_id(newest_bad.name) >= int(items[-1].created)):
@@ -446,14 +464,15 @@ class Store:
 
     def apply_retention(self, name: str, keep_last: int, max_bytes: int | None = None) -> list[str]:
         """Delete older checkpoints of ``name`` beyond ``keep_last``, then oldest ones store-wide
-        while the store exceeds ``max_bytes``; the newest checkpoint of each name is always kept."""
+        while the store exceeds ``max_bytes``; the newest checkpoint of each name is always kept.
+        Those a front end's trash holds are left to it, as if they were in this store's trash."""
         deleted = []
         # save points have a limit of their own (the server's max_save_points), and count in max_bytes only
-        for ckpt in [c for c in self.list_checkpoints(name) if not is_save_point(c)][: -max(keep_last, 1)]:
+        for ckpt in self.suspended_in(name)[: -max(keep_last, 1)]:
             self.delete(ckpt.id)
             deleted.append(ckpt.id)
         if max_bytes is not None:
-            items = self.list_checkpoints()
+            items = [c for c in self.list_checkpoints() if not in_trash(c)]
             newest = {c.name: c.id for c in items}
             total = sum(c.size for c in items)
             for ckpt in items:
@@ -470,7 +489,8 @@ class Store:
                         drop: tuple[str, ...] = ()) -> Checkpoint:
         """A new checkpoint of the same process holding the same images, made of hard links to
         them (instant, no space): its manifest is the original's with a new id, ``created`` now,
-        ``reason``, ``extra`` added and the keys in ``drop`` removed; it takes pages from the
+        ``reason``, ``extra`` added and the keys in ``drop`` removed (and a trash's mark, :data:`IN_TRASH`:
+        the copy is in no trash); it takes pages from the
         original's parent, if any, as the original does. A save point of a suspended process, and
         the copy of a save point a process goes back to, are made so; neither touches the
         original (a restore only reads its images)."""
@@ -488,12 +508,20 @@ class Store:
                     if rel == Path(".") and f in (MANIFEST, INTENT):
                         continue
                     os.link(Path(dirpath) / f, tmp / rel / f)
-            manifest = cast(Manifest, {k: v for k, v in src.manifest.items() if k not in drop})
+            manifest = cast(Manifest, {k: v for k, v in src.manifest.items() if k not in (*drop, IN_TRASH)})
             manifest.update(cast(Manifest, {**(extra or {}), "reason": reason, "created": time.time()}))
             return self.commit_checkpoint(new_cid, tmp, manifest)
         except BaseException:
             self.discard(tmp)
             raise
+
+    def set_in_trash(self, cid: str, held: bool) -> None:
+        """Mark checkpoint ``cid`` as held in a front end's trash (:data:`IN_TRASH`), or no longer."""
+        ckpt = self.get(cid)
+        manifest = cast(Manifest, {k: v for k, v in ckpt.manifest.items() if k != IN_TRASH})
+        if held:
+            manifest[IN_TRASH] = time.time()
+        self.write_manifest(ckpt.path, manifest)
 
     def trash_checkpoint(self, name: str, cid: str, reason: str, details: dict[str, Any] | None = None,
                          move: tuple[str, ...] = ()) -> str:
