@@ -13,11 +13,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-from .criu.images import RegFile, read_image
+from .criu.images import RegFile, RunningAgain, read_image
 from .errors import PreconditionError
 from .process.running import Running
 from .recovery import Recovery
-from .steps.contract import RunningAgain
 from .storage import chain
 from .storage.store import Checkpoint, Store
 
@@ -53,7 +52,7 @@ class CheckpointBackend(Protocol):
         before CRIU freezes the process; if it raises, the process runs on as before.
         ``incremental``: only what changed since the last save point, where that can be done.
         ``running_again`` (with ``leave_running``): called as soon as the process runs on, where
-        that is before the checkpoint is complete (see ``steps.contract``); never otherwise."""
+        that is before the checkpoint is complete (``criu.images.RunningAgain``); never otherwise."""
 
     def restore(self, name: str, gpu: str | int | None = "auto", checkpoint_id: str | None = None,
                 progress: Progress = _no_progress, detach: bool = True,

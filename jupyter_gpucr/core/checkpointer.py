@@ -21,6 +21,7 @@ import psutil
 from .backend import BesideDump, CheckpointBackend
 from .criu import nodecompat
 from .criu.commands import Criu
+from .criu.images import RunningAgain
 from .errors import CheckpointDamagedError, GPUCRError, StateError
 from .files import private_files
 from .forks.copies import fork as fork_copies
@@ -33,7 +34,7 @@ from .process.running import Running
 from .recovery import RECOVER_WAIT, CrashRecovery, Recovery
 from .steps import netlocks
 from .steps.compatibility import check_compatible
-from .steps.contract import Progress, RestoreCheck, RunningAgain, no_progress
+from .steps.contract import Progress, RestoreCheck, no_progress
 from .steps.dump import write_checkpoint
 from .steps.pages import PAGES_WAIT, wait_for_pages
 from .steps.restore import ChangedWhileFilled, restore_locked
@@ -185,7 +186,7 @@ class Checkpointer(CheckpointBackend):
         checkpoint, without the GPU); if it raises, the process runs on as before.
         ``also_durable``: folders beside the image that the checkpoint needs (a kernel's offloaded
         tensors); they are flushed to disk while the driver and CRIU work. ``running_again``: see
-        ``steps.contract.RunningAgain``.
+        ``criu.images.RunningAgain``.
 
         CRIU leaves the dumped process stopped, not killed: it is stopped for good only once the
         image and ``also_durable`` are on disk, so a power loss never finds it gone and its

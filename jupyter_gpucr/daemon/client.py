@@ -25,13 +25,12 @@ from typing import Any, Final
 import psutil
 
 from ..core.backend import CheckpointBackend
-from ..core.criu.images import RegFile
+from ..core.criu.images import RegFile, RunningAgain
 from ..core.errors import EngineError, GPUCRError, NotFoundError
 from ..core.files import fsync_trees, make_private_dir
 from ..core.process.launcher import Started
 from ..core.process.running import Running
 from ..core.recovery import RECOVER_WAIT, Recovery
-from ..core.steps.contract import RunningAgain
 from ..core.storage.store import MANIFEST, Checkpoint, Manifest, Store, read_json, read_record, write_json_atomic
 from .protocol import DEFAULT_SOCKET, ProtocolError, encode, error_from, read_line
 

@@ -7,7 +7,7 @@ beside its image (``gpucr_hooks.offload``, about 50 GB/s), CRIU dumps it and lea
 (the driver copies only what is left), and it takes its tensors back, as after a failed suspend;
 then the held messages reach it. It is paused about as long as a suspend takes, less the image's
 verification and flush to disk, which run on after it runs again (the files it writes are copied
-first, as they were at the dump: ``steps.contract.RunningAgain``). Each fork takes the tensors
+first, as they were at the dump: ``core.criu.images.RunningAgain``). Each fork takes the tensors
 back from links of its own to those files.
 
 That checkpoint is useless without the files, which are deleted once the forks hold their tensors:
@@ -130,7 +130,7 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
 
 class _RunningAgain:
     """Told from the checkpoint's thread when the kernel runs again, before its checkpoint is
-    verified and durable (``steps.contract.RunningAgain``): its messages need not wait for that."""
+    verified and durable (``core.criu.images.RunningAgain``): its messages need not wait for that."""
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,12 @@ class RegFile:
     mode: int
     access: int
     size: int | None = None
+
+
+#: Called once a process dumped and left running runs again, before its checkpoint is verified and
+#: durable, with the checkpoint's id and the files its image has open: what must be copied as it was
+#: at the dump (a kernel's history) is copied then, and the process may go on.
+RunningAgain = Callable[[str, list[RegFile]], None]
 
 
 def access_of(open_flags: int, mode: int) -> int:

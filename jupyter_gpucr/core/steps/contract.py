@@ -9,16 +9,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..criu.commands import Criu
-from ..criu.images import RegFile
 from ..errors import GPUCRError
 from ..storage.openfiles import OpenFiles
 from ..storage.store import Store
 
 Progress = Callable[[str, int, int], None]
-#: Called once a process dumped with ``leave_running`` runs again, before its checkpoint is
-#: verified and durable, with the checkpoint's id and the files its image has open: what must be
-#: copied as it was at the dump (a kernel's history) is copied then, and the process may go on.
-RunningAgain = Callable[[str, list[RegFile]], None]
 
 
 def no_progress(phase: str, done: int, total: int) -> None:

@@ -19,7 +19,7 @@ import psutil
 from ..._version import __version__
 from ..criu import hugepages, nodecompat
 from ..criu.commands import dump_stats
-from ..criu.images import read_image
+from ..criu.images import RunningAgain, read_image
 from ..errors import EngineError, GPUCRError, PreconditionError
 from ..files import dir_size, fsync_trees
 from ..gpu import cuda, gpus
@@ -31,7 +31,7 @@ from ..storage.checksums import DigestWhileWriting
 from ..storage.store import Checkpoint, Manifest
 from . import incremental as incremental_dumps
 from .background import in_background
-from .contract import CheckpointerParts, Progress, RunningAgain, no_progress
+from .contract import CheckpointerParts, Progress, no_progress
 from .putback import put_back_from
 
 
