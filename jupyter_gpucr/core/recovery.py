@@ -28,7 +28,7 @@ from .process.procs import find_descendant_by_ns_pid, innermost_pid, is_alive, s
 from .process.record import ProcRecord
 from .storage.checksums import digest_tree
 from .storage.locks import exclusive
-from .storage.store import INTENT, MANIFEST, Checkpoint, Manifest, Store, name_of_id, read_json, read_record
+from .storage.store import INTENT, MANIFEST, SAVE_POINT, Checkpoint, Manifest, Store, name_of_id, read_json, read_record
 
 # How long recovery waits for a CRIU that an interrupted operation left running, or for another
 # operation's lock on the same name.
@@ -220,10 +220,14 @@ class CrashRecovery:
         cid = tmp.name.removeprefix(".tmp-")
         if at_work_in([tmp]):
             return None, f"Left {tmp} alone: CRIU started working in it again."
+        intent = read_json(tmp / INTENT) or {}
+        if intent.get("reason") == SAVE_POINT:  # its request was cut short before its files and tensors were kept
+            self.store.discard(tmp)
+            return None, "Removed a save point whose request was cut short (half made: the kernel runs on without it)."
         manifest = cast("Manifest | None", read_json(tmp / MANIFEST))
         if manifest is None and self.store.completable(tmp):
             files = digest_tree(tmp / "images")
-            manifest = cast(Manifest, {**(read_json(tmp / INTENT) or {}), "created": (tmp / "dump.log").stat().st_mtime,
+            manifest = cast(Manifest, {**intent, "created": (tmp / "dump.log").stat().st_mtime,
                                        "size": sum(f["size"] for f in files.values()), "files": files, "timings": {},
                                        "recovered": True})
         if manifest is None:

@@ -15,7 +15,8 @@ from ..core.backend import CheckpointBackend
 from ..core.errors import CheckpointDamagedError, GPUCRError
 from ..core.jsonfile import read_json
 from ..core.process.procs import is_alive, tree
-from ..core.storage.store import Checkpoint, Store
+from ..core.storage.store import GO_BACK, Checkpoint, Store
+from .engines import OFFLOAD_DIR
 from .kernels import Kernels
 from .lifecycle import SUSPENDED, KernelLifecycle, KernelState
 from .ports import HeldPorts
@@ -53,6 +54,7 @@ class Relister:
         """After a clean stop or a crash of an earlier server with this store: finish what it
         left half done, then list every kernel of it that is on disk (a kernel it left running
         goes to disk first), so none is lost."""
+        await asyncio.to_thread(self._undo_cut_go_backs)
         for name, outcome in (await asyncio.to_thread(self.checkpointer.recover_all)).items():
             self.log.info("gpucr: recovery of %s: %s", name, outcome.message)
         for name in self.store.proc_names():
@@ -65,6 +67,22 @@ class Relister:
         if self.remote:  # unfinished uploads, and the kernels suspended into the store elsewhere
             await self.remote.relist(set(self.kernel_manager.list_kernel_ids()), self.list_on_disk)
         self.store.collect_garbage(set(self.store.proc_names()))
+
+    def _undo_cut_go_backs(self) -> None:
+        """A server that died going back to a save point after the state the kernel left went to
+        the trash, and before the copy of the save point it goes back to was made, left the kernel
+        in no checkpoint (``savepoints.py``): that state is put back, as if the go-back had not
+        begun. Its record names it still (a finished go-back's names the copy)."""
+        for item in self.store.list_trash():
+            name = item["name"]
+            if item["reason"] != GO_BACK or self.store.read_proc(name).get("checkpoint") not in item["checkpoints"]:
+                continue
+            with contextlib.suppress(CheckpointDamagedError):
+                ckpt = self.store.latest(name)
+                if ckpt is None or ckpt.created < item["trashed_at"]:
+                    self.store.put_back_trashed_checkpoint(item["id"], (OFFLOAD_DIR,))
+                    self.log.warning("gpucr: kernel %s was going back to a save point when the server died; it is "
+                                     "listed in the state it was in before (%s)", name, item["checkpoints"][0])
 
     async def _relist(self, name: str) -> None:
         rec = self.store.read_proc(name)

@@ -9,14 +9,18 @@ of hard links (instant). Either way it is a checkpoint of the kernel with the re
 writing (its history database and logs: ``fork-files/ID``) and links to its offloaded GPU
 tensors (``savepoint-tensors/ID``). A kernel keeps ``c.GPUCR.max_save_points`` of them, the
 oldest dropped; they count in the store's byte quota like every checkpoint; shutting the
-kernel down takes them with it (to the trash when it is on disk).
+kernel down takes them with it (to the trash when it is on disk). One whose server died while
+taking it is half made (its kept files, its tensors): the next server's recovery removes it.
 
 Going back (``POST .../savepoints/{sp}/restore``) suspends a running kernel as usual, puts the
 checkpoint it is then in into the trash (restorable from there, which replaces the kernel), and
 restores the kernel under its id from a copy of the save point (hard links again: the save point
 stays, to go back to again). Before anything is touched, the files the save point's image has
 open are checked as a restore checks them: one that changed size since is named, and nothing is
-done. The kernel's own files (history, logs) go back with it.
+done. The kernel's own files (history, logs) go back with it. A server that dies going back
+leaves the kernel at the save point (once its copy is made: the copy names the kernel as the
+suspend's checkpoint did) or in the state it left (before: the next server puts that state back
+from the trash, ``relist.py``), never in neither.
 
 ``POST .../savepoints/{sp}/fork``: new kernels from the save point, as a fork of a suspended
 kernel is made; the kernel itself is not touched.
@@ -58,7 +62,7 @@ from tornado import web
 from ..core.errors import GPUCRError, NotFoundError, PreconditionError, StateError
 from ..core.files import make_private_dir
 from ..core.forks.copies import KEPT_FILES, _flat, written_files
-from ..core.storage.store import SAVE_POINT, Checkpoint, is_save_point
+from ..core.storage.store import GO_BACK, SAVE_POINT, Checkpoint, is_save_point
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR, SuspendEngine
 from .fork_source import checkpoint_running, keep_files
@@ -219,15 +223,15 @@ class SavePoints:
             state = self.ops.lifecycle.state_of(kernel_id)
             if state == RUNNING:
                 await self._check_running(km)
-                await self.ops.suspend_now(kernel_id, "goback", "criu")
+                await self.ops.suspend_now(kernel_id, GO_BACK, "criu")
             elif state != SUSPENDED:
                 raise StateError(f"The kernel is {state}.", "Go back once it is running or suspended.")
             left = self._criu_checkpoint(kernel_id)
             path = await self.ops.notebook_path(kernel_id)
-            trash_id = await asyncio.to_thread(self.store.trash_checkpoint, kernel_id, left.id, "goback",
+            trash_id = await asyncio.to_thread(self.store.trash_checkpoint, kernel_id, left.id, GO_BACK,
                                                {"notebook_path": path, "savepoint": sp.id}, (OFFLOAD_DIR,))
             try:
-                copy = await asyncio.to_thread(self._prepare, kernel_id, sp)
+                copy = await asyncio.to_thread(self._prepare, kernel_id, sp, left)
             except BaseException:
                 with contextlib.suppress(GPUCRError, OSError):
                     self.store.put_back_trashed_checkpoint(trash_id, (OFFLOAD_DIR,))
@@ -242,9 +246,11 @@ class SavePoints:
             raise
         return st, trash_id
 
-    def _prepare(self, kernel_id: str, sp: Checkpoint) -> Checkpoint:
+    def _prepare(self, kernel_id: str, sp: Checkpoint, left: Checkpoint) -> Checkpoint:
         """The kernel's folder as at the save point (its written files, its GPU tensors), and the
-        copy of the save point it is restored from (the newest checkpoint: the one it is in)."""
+        copy of the save point it is restored from (the newest checkpoint: the one it is in). The
+        copy names the kernel (its sessions, saved replies) as ``left``, the suspend's checkpoint it
+        replaces, does: a server that dies before the restore lists the kernel from it."""
         d = self.store.proc_dir(kernel_id)
         kept = d / KEPT_FILES / sp.id
         for path in written_files(self.ops.checkpointer.image_files(sp)):
@@ -254,7 +260,9 @@ class SavePoints:
         tensors = self._tensors(sp)
         if tensors.is_dir():
             _link_all(tensors, d / OFFLOAD_DIR)
-        copy = self.ops.checkpointer.copy_checkpoint(sp.id, "goback", {"from_savepoint": sp.id}, drop=("savepoint",))
+        kernel = {"kernel": left.manifest["kernel"]} if "kernel" in left.manifest else {}
+        copy = self.ops.checkpointer.copy_checkpoint(sp.id, GO_BACK, {"from_savepoint": sp.id, **kernel},
+                                                     drop=("savepoint",))
         rec = self.store.read_proc(kernel_id)
         self.store.write_proc(kernel_id, {**rec, "checkpoint": copy.id})
         return copy

@@ -123,6 +123,8 @@ def read_record(proc_dir: Path) -> ProcRecord:
 #: A checkpoint's reason when it is a save point: taken to go back to, kept beside the process's
 #: other checkpoints, never the one it is suspended in (``latest``), with a retention of its own.
 SAVE_POINT = "savepoint"
+#: The reason of the copy of a save point a process goes back to, and of the trash entry of the state it left.
+GO_BACK = "goback"
 
 
 def is_save_point(ckpt: Checkpoint) -> bool:
@@ -560,9 +562,15 @@ class Store:
         return tid
 
     def put_back_trashed_checkpoint(self, tid: str, move: tuple[str, ...] = ()) -> None:
-        """Undo :meth:`trash_checkpoint` (the process folder's files stay as they are now)."""
+        """Undo :meth:`trash_checkpoint`: the checkpoint, the folders in ``move``, and the process
+        folder's files as they were then (a go-back cut short may have overwritten its history
+        with the save point's, which the checkpoint's restore would find changed); its record and
+        hidden files (locks, status) stay as they are now."""
         entry = self._trash_entry(tid)
         name = validate_name(self._trash_info(entry)["name"])
+        for f in (entry / "proc").iterdir():
+            if f.is_file() and not f.is_symlink() and f.name != PROC_RECORD and not f.name.startswith("."):
+                shutil.copy2(f, self.proc_dir(name) / f.name)
         for p in (entry / "checkpoints").iterdir():
             os.rename(p, self.checkpoints_root / p.name)
         for folder in move:
