@@ -8,10 +8,10 @@ from functools import partial
 
 import pytest
 
-from jupyter_gpucr.core.gpu import cuda, gpus
+from jupyter_gpucr.core.gpu import gpus
 from tests.server.test_server import fetch_json, jp_server_config, kernel_pid, new_session, open_ws, run_cell  # noqa: F401
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600), pytest.mark.usefixtures("need_gpu")]
 
 # A tiny GPT-like model (embedding, two attention-free blocks, a head) with fixed weights; greedy
 # decoding of 24 tokens: the argmax of each step feeds the next.
@@ -44,12 +44,6 @@ print(generate())
 SHOW = "print(generate(), next(model.parameters()).device, float(ballast.sum()))"
 # nothing left off the GPU (gpucr_hooks.offload's own record of what it moved out), the ballast on it
 ON_GPU = "import gpucr_hooks.offload as o; print(len(o._offloaded), o._folder, torch.cuda.memory_allocated(0) >= 1 << 30)"
-
-
-@pytest.fixture(autouse=True)
-def need_gpu():
-    if not gpus.list_gpus() or cuda.unavailable_reason():
-        pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
 
 
 _run = partial(run_cell, timeout=300)

@@ -10,11 +10,10 @@ from functools import partial
 
 import pytest
 
-from jupyter_gpucr.core.gpu import cuda, gpus
 from jupyter_gpucr.server.preparation import SAVEPOINT_TENSORS
 from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws, run_cell  # noqa: F401
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600), pytest.mark.usefixtures("need_gpu")]
 
 SETUP = """
 import torch
@@ -22,12 +21,6 @@ weights = torch.arange(1 << 28, dtype=torch.float32, device="cuda:0")  # 1 GiB, 
 cache = torch.zeros(1 << 26, dtype=torch.float32, device="cuda:0")    # 256 MiB, changed between save points
 """
 SHOW = "print(int(weights[-1].item()), float(cache.sum()), cache.device, weights.device)"
-
-
-@pytest.fixture(autouse=True)
-def need_gpu():
-    if not gpus.list_gpus() or cuda.unavailable_reason():
-        pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
 
 
 _run = partial(run_cell, timeout=300)

@@ -16,12 +16,12 @@ import pytest
 from gpucr_hooks.idle import IDLE_S
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpucr.core.gpu import cuda, gpus
+from jupyter_gpucr.core.gpu import gpus
 from tests.kernel_ws import execute
 from tests.server.test_server import fetch_json, jp_server_config, new_session, open_ws  # noqa: F401
 from tests.server.test_server_faults import kill_9_during_suspends_and_restores
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900), pytest.mark.usefixtures("need_gpu")]
 
 SETUP = """
 import torch
@@ -30,12 +30,6 @@ keep = torch.rand(2 * 2**30 // 4, device="cuda")          # 2 GiB that must surv
 tmp = torch.empty(6 * 2**30, dtype=torch.uint8, device="cuda"); tmp.fill_(1); del tmp   # 6 GiB freed, still cached
 print(float(keep.sum(dtype=torch.float64)), torch.cuda.memory_reserved() >> 20)
 """
-
-
-@pytest.fixture(autouse=True)
-def need_gpu():
-    if not gpus.list_gpus() or cuda.unavailable_reason():
-        pytest.skip(f"needs an NVIDIA GPU with the CUDA checkpoint API: {cuda.unavailable_reason() or 'no GPU'}")
 
 
 def on_gpu(pid: int) -> bool:
