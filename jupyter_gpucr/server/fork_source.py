@@ -102,7 +102,7 @@ async def checkpoint_running(ops: KernelOperations, kernel_id: str, km: Any, rea
                 else:  # the backend answered once complete (the daemon)
                     await asyncio.to_thread(keep_files, ops, dumping.result())
                 if offload_to.is_dir():
-                    _link_all(offload_to, kept)
+                    link_all(offload_to, kept)
             finally:
                 if detached:
                     await ops.kernel_manager.reattach_kernel(kernel_id, wake=False)
@@ -213,7 +213,7 @@ async def _tensors_back(ops: KernelOperations, kernel_id: str, km: Any, offload_
                           "gpucr_hooks.reload_tensors()' in the kernel to take them back.") from e
 
 
-def _link_all(folder: Path, links: Path) -> None:
+def link_all(folder: Path, links: Path) -> None:
     """Hard links to each file of ``folder`` in the new folder ``links``."""
     make_private_dir(links)
     for f in folder.iterdir():

@@ -65,7 +65,7 @@ from ..core.forks.copies import KEPT_FILES, _flat, written_files
 from ..core.storage.store import GO_BACK, SAVE_POINT, Checkpoint, is_save_point
 from . import kernel_rpc
 from .engines import OFFLOAD_DIR, SuspendEngine
-from .fork_source import checkpoint_running, keep_files
+from .fork_source import checkpoint_running, keep_files, link_all
 from .kernel_forks import MAX_FORKS, KernelForker
 from .kernels import KernelOperations
 from .lifecycle import RUNNING, SUSPENDED
@@ -148,7 +148,7 @@ class SavePoints:
                 pause = None
                 offloaded = self.store.proc_dir(kernel_id) / OFFLOAD_DIR
                 if offloaded.is_dir():
-                    _link_all(offloaded, self._tensors(ckpt))
+                    link_all(offloaded, self._tensors(ckpt))
                 await asyncio.to_thread(keep_files, self.ops, ckpt)
             else:
                 raise StateError(f"The kernel is {state}.", "Take a save point once it is running or suspended.")
@@ -259,7 +259,7 @@ class SavePoints:
                 shutil.copy2(kept_copy, path)
         tensors = self._tensors(sp)
         if tensors.is_dir():
-            _link_all(tensors, d / OFFLOAD_DIR)
+            link_all(tensors, d / OFFLOAD_DIR)
         kernel = {"kernel": left.manifest["kernel"]} if "kernel" in left.manifest else {}
         copy = self.ops.checkpointer.copy_checkpoint(sp.id, GO_BACK, {"from_savepoint": sp.id, **kernel},
                                                      drop=("savepoint",))
@@ -347,12 +347,6 @@ def _checked_name(name: Any) -> str | None:
     if not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable():
         raise web.HTTPError(400, f"'name' is a printable text of at most {MAX_NAME} characters.")
     return name
-
-
-def _link_all(folder: Path, links: Path) -> None:
-    make_private_dir(links)
-    for f in folder.iterdir():
-        os.link(f, links / f.name)
 
 
 async def _history_tail(client: Any, timeout: float = 3.0) -> dict[str, Any] | None:

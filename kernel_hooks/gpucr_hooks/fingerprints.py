@@ -44,7 +44,7 @@ def fingerprints(torch: Any, storages: list[Any]) -> list[Fingerprint | None]:
 
 def _fingerprint(torch: Any, st: Any, word_weights: tuple[Any, Any]) -> Fingerprint:
     size = st.nbytes()
-    whole = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st, 0, (size,))
+    whole = bytes_of(torch, st)
     n_words = size // 8
     tail = bytes(whole[n_words * 8:].cpu().numpy().tobytes()) if size % 8 else b""
     words = whole[:n_words * 8].view(torch.int64)
@@ -66,6 +66,11 @@ def _fingerprint(torch: Any, st: Any, word_weights: tuple[Any, Any]) -> Fingerpr
             sums[h] += (torch.cat(per_block) * bw[first:first + full + (1 if rest else 0)]).sum()
     h1, h2 = (int(s.item()) & _MASK for s in sums)
     return size, h1, h2, tail
+
+
+def bytes_of(torch: Any, st: Any) -> Any:
+    """The storage as one flat uint8 tensor on its device."""
+    return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st, 0, (st.nbytes(),))
 
 
 def _word_weights(torch: Any, device: Any) -> tuple[Any, Any]:

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import gpu_ids, idle, stacks
-from .fingerprints import Fingerprint, fingerprints
+from .fingerprints import Fingerprint, bytes_of, fingerprints
 
 CHUNK = 16 << 20  # 32 staging buffers of it: 512 MiB to fault in and register (1 GiB took 0.15 s)
 WRITERS = min(16, os.cpu_count() or 1)  # one file each: writes into fresh tmpfs pages scale with threads
@@ -143,7 +143,7 @@ def reload_tensors_from(path: str) -> dict[str, Any]:
         for st, _offset, size in _offloaded:
             st.resize_(size)
         t_allocated = time.perf_counter()
-        targets = [(_bytes_of(torch, st), offset, size) for st, offset, size in _offloaded]
+        targets = [(bytes_of(torch, st), offset, size) for st, offset, size in _offloaded]
         with _Staging(torch, READERS * BUFFERS_PER_THREAD, lazy=True) as staging, ThreadPoolExecutor(READERS) as pool:
             t_staged = time.perf_counter()
             staging.upload(pool, stripes.read_placed, targets)  # reads run ahead across storages, many are small
@@ -195,7 +195,7 @@ def _download(storages: list[Any], stripes: _Stripes, staging: _Staging) -> None
     with ThreadPoolExecutor(WRITERS) as pool:
         for st in storages:
             size = st.nbytes()
-            for chunk_off, n, buf, done in staging.download(_bytes_of(staging.torch, st), size):
+            for chunk_off, n, buf, done in staging.download(bytes_of(staging.torch, st), size):
                 pending.append(pool.submit(_then_set, done, stripes.write_placed, buf.data_ptr(), n, offset + chunk_off))
             _offloaded.append((st, offset, size))
             offset += size
@@ -382,11 +382,6 @@ def _one_per_storage(tensors: Iterable[Any]) -> list[tuple[Any, Any]]:
         if st.nbytes() >= MIN_BYTES and st.resizable():
             seen.setdefault((st.device.index, st.data_ptr()), (t, st))
     return list(seen.values())
-
-
-def _bytes_of(torch: Any, st: Any) -> Any:
-    """The storage as one flat uint8 tensor on its device."""
-    return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st, 0, (st.nbytes(),))
 
 
 def _pwrite(src: int, n: int, offset: int, fd: int) -> None:
