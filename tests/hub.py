@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,19 @@ def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any
             return value
         time.sleep(every)
     raise TimeoutError(f"{what} did not happen within {timeout:.0f} s")
+
+
+def wait_answering(what: str, proc: subprocess.Popen, log: Path, answers: Callable[[], bool], timeout: float = 60) -> None:
+    """Until the HTTP probe ``answers`` says yes; fails at once, with the end of its log, when the
+    process ``proc`` serving it exits."""
+    def up() -> bool:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            return answers()
+        except requests.ConnectionError:
+            return False
+
+    wait_until(what, up, timeout)
 
 
 def _pythonpath() -> dict[str, str]:
@@ -261,14 +274,7 @@ def start_hub(root: Path, daemon_socket: Path, users: list[str], cull_timeout: i
                             start_new_session=True)
     hub = Hub(url, token, proc, log)
 
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            return hub.api("GET", "/").status_code == 200
-        except requests.ConnectionError:
-            return False
-
-    wait_until("the hub", up, 60)
+    wait_answering("the hub", proc, log, lambda: hub.api("GET", "/").status_code == 200)
     for user in users:
         hub.api("POST", f"/users/{user}")
     return hub

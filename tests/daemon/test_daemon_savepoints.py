@@ -72,14 +72,7 @@ def start_server(user: str, socket: Path) -> Server:
         stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=H.user_env(user))
     server = Server(f"http://127.0.0.1:{port}", token, proc, log, store)
 
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            return server.call("GET", "/api/status").status_code == 200
-        except requests.ConnectionError:
-            return False
-
-    H.wait_until(f"{user}'s server", up, 60)
+    H.wait_answering(f"{user}'s server", proc, log, lambda: server.call("GET", "/api/status").status_code == 200)
     return server
 
 

@@ -31,15 +31,9 @@ def test_kernels_start_without_privileges_or_daemon(tmp_path: Path) -> None:
         stdout=open(log, "wb"), stderr=subprocess.STDOUT, env={"PATH": H.CLEAN_PATH, "HOME": pw.pw_dir, "LANG": "C.UTF-8"})
     url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}
 
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()
-        try:
-            return requests.get(f"{url}/api/status", headers=headers, timeout=5).status_code == 200
-        except requests.ConnectionError:
-            return False
-
     try:
-        H.wait_until("the server", up, 60)
+        H.wait_answering("the server", proc, log,
+                         lambda: requests.get(f"{url}/api/status", headers=headers, timeout=5).status_code == 200)
         r = requests.post(f"{url}/api/kernels", headers=headers, json={"name": "python3"}, timeout=60)
         assert r.status_code == 201, r.text
         kernel_id = r.json()["id"]
