@@ -17,7 +17,10 @@ module.exports = {
   // One Jupyter server, kernels suspended with CRIU: no parallel workers.
   workers: 1,
   fullyParallel: false,
-  retries: 0,
+  // A test that fails is run once more, in a fresh page: passing then, it is
+  // reported "flaky" with its first failure (and what the browser said) in
+  // the log; failing twice, it fails the run.
+  retries: 1,
   timeout: 240000,
   expect: { timeout: 30000 },
   reporter: [

@@ -131,5 +131,10 @@ say "server up at $url (pid $SERVER_PID, log $RESULTS/jupyter-server.log) ($(sin
 rc=0
 (cd "$HERE" && npx playwright test "$@") || rc=$?
 say "UI tests finished with exit code $rc in $(since); screenshots: $RESULTS/screenshots"
+if [ "$rc" -ne 0 ]; then
+    # the server's side of a failure, for a CI log that keeps only this output
+    say "the server's log (gpucr lines, errors and 5xx), last 80:"
+    grep -E 'gpucr|^\[E |Traceback| 5[0-9][0-9] ' "$RESULTS/jupyter-server.log" | tail -80 || true
+fi
 [ "$rc" -ne 0 ] || rc=$unit_rc
 exit $rc

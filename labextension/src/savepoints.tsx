@@ -123,6 +123,10 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
     execute: async args => {
       const kernelId = (args.kernelId as string) || currentKernel();
       if (!kernelId) {
+        Notification.info(
+          'No save point: this notebook has no kernel yet. Start one (Kernel > Change Kernel…) first.',
+          { autoClose: 5000 }
+        );
         return;
       }
       const name = ctx.label(kernelId);
@@ -216,6 +220,10 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
   model.kernelChanged.connect(refreshEnabled);
   model.busyChanged.connect(refreshEnabled);
   tracker.currentChanged.connect(refreshEnabled);
+  // the server may tell of the new kernel before the notebook has it
+  tracker.widgetAdded.connect((_, panel) =>
+    panel.sessionContext.kernelChanged.connect(refreshEnabled)
+  );
 }
 
 /** The side panel's list: each kernel's save points, with "Go back" (asks first). */

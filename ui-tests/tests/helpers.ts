@@ -371,3 +371,42 @@ export async function closeSessionsAndEmptyTrash(
     await request.delete(`/api/gpucr/trash/${item.id}`);
   }
 }
+
+/**
+ * Keep what the browser said during each test (console warnings and errors,
+ * uncaught exceptions, failed requests) and print it, with the server's
+ * kernels, when the test fails: a CI log then says what the page saw.
+ */
+export function reportBrowserOnFailure(test: any): void {
+  const said: string[] = [];
+  test.beforeEach(async ({ page }: { page: Page }) => {
+    said.length = 0;
+    const stamp = () => new Date().toISOString().slice(11, 23);
+    page.on('console', m => {
+      if (m.type() === 'error' || m.type() === 'warning') {
+        said.push(`${stamp()} console.${m.type()}: ${m.text()}`);
+      }
+    });
+    page.on('pageerror', e => said.push(`${stamp()} uncaught: ${e.message}`));
+    page.on('requestfailed', r =>
+      said.push(
+        `${stamp()} request failed: ${r.method()} ${r.url()} ${r.failure()?.errorText ?? ''}`
+      )
+    );
+  });
+  test.afterEach(
+    async (
+      { request }: { request: APIRequestContext },
+      testInfo: { status?: string; expectedStatus: string; title: string }
+    ) => {
+      if (testInfo.status === testInfo.expectedStatus) {
+        return;
+      }
+      const kernels = await (await request.get('/api/gpucr/kernels')).text();
+      console.log(
+        `what the browser said during "${testInfo.title}":\n${said.join('\n') || '(nothing)'}\n` +
+          `the server's kernels: ${kernels.slice(0, 4000)}`
+      );
+    }
+  );
+}

@@ -12,12 +12,19 @@ import type { Page } from '@playwright/test';
 
 import {
   appendCell,
+  closeSessionsAndEmptyTrash,
   currentKernelId,
   newNotebook,
   runCode,
+  reportBrowserOnFailure,
   serverState,
   shot
 } from './helpers';
+
+reportBrowserOnFailure(test);
+test.afterEach(async ({ request }) => {
+  await closeSessionsAndEmptyTrash(request);
+});
 
 function savePointButton(page: any) {
   return page
@@ -40,6 +47,7 @@ test('take a save point, change a variable, go back from the panel', async ({
   // kernels are not the gpucr provisioner's (no save point)
   const kernelId = await newNotebook(page, 'risky.ipynb', 'x = 1\nprint(x)');
 
+  await expect(savePointButton(page)).toBeEnabled();
   await savePointButton(page).click();
   await expect(
     page.locator('.Toastify__toast').filter({ hasText: 'Save point of' })
