@@ -16,11 +16,14 @@ import {
   newNotebook,
   outputTexts,
   recordStatus,
+  reportBrowserOnFailure,
   runCellAndWait,
   seenStatus,
   serverState,
   suspendByRest
 } from './helpers';
+
+reportBrowserOnFailure(test);
 
 async function statusSuspended(page: Page): Promise<void> {
   await expect(page.locator('.jp-gpucr-Status')).toHaveAttribute(

@@ -11,7 +11,9 @@
 import { expect, test } from '@jupyterlab/galata';
 import type { Page } from '@playwright/test';
 
-import { shot } from './helpers';
+import { reportBrowserOnFailure, shot } from './helpers';
+
+reportBrowserOnFailure(test);
 
 const TRIES = Number(process.env.GPUCR_FIRST_CELL_TRIES ?? 10);
 

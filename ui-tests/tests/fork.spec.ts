@@ -6,7 +6,14 @@
  */
 import { expect, test } from '@jupyterlab/galata';
 
-import { currentKernelId, serverState, shot } from './helpers';
+import {
+  currentKernelId,
+  reportBrowserOnFailure,
+  serverState,
+  shot
+} from './helpers';
+
+reportBrowserOnFailure(test);
 
 /** The "Fork Kernel" button of the current notebook's toolbar. */
 function forkButton(page: any) {

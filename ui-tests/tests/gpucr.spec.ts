@@ -13,10 +13,13 @@ import {
   currentKernelId,
   kernelPids,
   recordStatus,
+  reportBrowserOnFailure,
   seenStatus,
   shot,
   suspendButton
 } from './helpers';
+
+reportBrowserOnFailure(test);
 
 test.describe('gpucr with the real server extension', () => {
   test.skip(

@@ -7,7 +7,9 @@
  */
 import { expect, test } from '@jupyterlab/galata';
 
-import { newNotebook, shot } from './helpers';
+import { newNotebook, reportBrowserOnFailure, shot } from './helpers';
+
+reportBrowserOnFailure(test);
 
 const ROOM_KERNEL = {
   name: 'python3-room',

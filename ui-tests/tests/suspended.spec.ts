@@ -30,6 +30,7 @@ import {
   newNotebook,
   openNotebook,
   outputTexts,
+  reportBrowserOnFailure,
   runCellAndWait,
   runCode,
   serverState,
@@ -38,6 +39,8 @@ import {
   suspendByRest,
   waitForLab
 } from './helpers';
+
+reportBrowserOnFailure(test);
 
 /** Wait until the UI shows the current notebook's kernel as suspended. */
 async function statusSuspended(page: Page): Promise<void> {

@@ -22,12 +22,15 @@ import {
   currentKernelId,
   kernelPids,
   recordStatus,
+  reportBrowserOnFailure,
   runCode,
   seenStatus,
   serverState,
   shot,
   suspendButton
 } from './helpers';
+
+reportBrowserOnFailure(test);
 
 const PLUGIN_SETTINGS = '/lab/api/settings/jupyter-gpucr:plugin';
 

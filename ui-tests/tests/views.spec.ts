@@ -17,10 +17,13 @@ import {
   expectSuspended,
   newNotebook,
   recordStatus,
+  reportBrowserOnFailure,
   seenStatus,
   shot,
   suspendByRest
 } from './helpers';
+
+reportBrowserOnFailure(test);
 
 const IDLE_KERNEL = {
   name: 'python3-idle',

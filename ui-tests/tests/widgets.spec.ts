@@ -15,11 +15,14 @@ import {
   expectSuspended,
   newNotebook,
   openNotebook,
+  reportBrowserOnFailure,
   serverState,
   shot,
   suspendByRest,
   waitForLab
 } from './helpers';
+
+reportBrowserOnFailure(test);
 
 /** A 1×1 PNG: an Image widget's value travels as a binary buffer. */
 const PIXEL =
