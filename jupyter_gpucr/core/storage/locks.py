@@ -1,4 +1,12 @@
-"""One operation at a time per process name, across processes (flock on a file in its dir)."""
+"""One operation at a time per process name, across processes (flock on a file in its dir).
+
+The holder writes what it does into the lock file and empties it as it lets go. An flock belongs
+to the open file, which a child forked at that moment shares until it execs or exits (any
+``subprocess`` start in another thread of the same server): the lock can then outlive its
+holder by a few milliseconds. A lock that is held while its file is empty is such a leftover (or
+a holder between taking it and writing its name), so it is waited for, up to ``LEFTOVER_WAIT_S``,
+instead of being reported as an operation in progress that has already ended.
+"""
 from __future__ import annotations
 
 import fcntl
@@ -10,9 +18,13 @@ from pathlib import Path
 
 from ..errors import BusyError
 
+#: How long a lock held with no operation named in it is waited for (see the module docstring).
+LEFTOVER_WAIT_S = 10.0
+
 
 def _holder(fd: int) -> str:
-    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another operation"
+    """What the holder wrote it does; empty once it has let go."""
+    return os.pread(fd, 200, 0).decode(errors="replace").strip()
 
 
 @contextmanager
@@ -22,16 +34,18 @@ def exclusive(proc_dir: Path, name: str, what: str, wait_s: float = 0.0) -> Iter
     path = proc_dir / ".lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                holder = _holder(fd)
+                waited_s = time.monotonic() - started
+                if waited_s >= wait_s and (holder or waited_s >= LEFTOVER_WAIT_S):
                     waited = f" (waited {wait_s:g} s)" if wait_s else ""
                     raise BusyError(
-                        f"{name!r} is busy: {_holder(fd)} is in progress{waited}.",
+                        f"{name!r} is busy: {holder or 'another operation'} is in progress{waited}.",
                         "It takes longer than a checkpoint should: see the process's logs in the store "
                         "(holder.log, dump-failed.log), then try again." if wait_s else
                         "Wait for it to finish, then try again.",
@@ -39,6 +53,9 @@ def exclusive(proc_dir: Path, name: str, what: str, wait_s: float = 0.0) -> Iter
                 time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{what} (pid {os.getpid()})".encode(), 0)
-        yield
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)
