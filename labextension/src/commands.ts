@@ -20,6 +20,7 @@ import { CommandRegistry } from '@lumino/commands';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
 import { GpucrRequestError } from './api';
+import { refreshOnKernelChanges } from './availability';
 import { formatBytes } from './format';
 import { resumeIcon, suspendIcon } from './icons';
 import { fitToast, kernelLabel, plainError, replaceQuestion } from './messages';
@@ -512,13 +513,9 @@ export function addCommands(ctx: ICommandContext): void {
     }
   });
 
-  // Keep toolbar buttons and menus in step with the kernel state.
-  const refreshEnabled = () => {
+  refreshOnKernelChanges(model, tracker, () => {
     commands.notifyCommandChanged(CommandIDs.suspend);
     commands.notifyCommandChanged(CommandIDs.cancelSuspend);
     commands.notifyCommandChanged(CommandIDs.resume);
-  };
-  model.kernelChanged.connect(refreshEnabled);
-  model.busyChanged.connect(refreshEnabled);
-  tracker.currentChanged.connect(refreshEnabled);
+  });
 }

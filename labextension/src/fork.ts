@@ -17,6 +17,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
 
 import { GpucrRequestError } from './api';
+import { refreshOnKernelChanges } from './availability';
 import { fitToast, plainError } from './messages';
 import { GpucrModel } from './model';
 import { canResume, canSuspend } from './state';
@@ -122,9 +123,7 @@ export function addForkCommand(ctx: IForkContext): void {
     }
   });
 
-  // In step with the kernel state, as the suspend button is.
-  const refreshEnabled = () => commands.notifyCommandChanged(CommandIDs.fork);
-  model.kernelChanged.connect(refreshEnabled);
-  model.busyChanged.connect(refreshEnabled);
-  tracker.currentChanged.connect(refreshEnabled);
+  refreshOnKernelChanges(model, tracker, () =>
+    commands.notifyCommandChanged(CommandIDs.fork)
+  );
 }

@@ -14,6 +14,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
 import { GpucrClient, GpucrRequestError } from './api';
+import { refreshOnKernelChanges } from './availability';
 import { formatBytes, formatDate } from './format';
 import { fitToast, plainError } from './messages';
 import { GpucrModel } from './model';
@@ -215,14 +216,8 @@ export function addSavePointCommands(ctx: ISavePointContext): void {
     }
   });
 
-  const refreshEnabled = () =>
-    commands.notifyCommandChanged(SavePointCommandIDs.save);
-  model.kernelChanged.connect(refreshEnabled);
-  model.busyChanged.connect(refreshEnabled);
-  tracker.currentChanged.connect(refreshEnabled);
-  // the server may tell of the new kernel before the notebook has it
-  tracker.widgetAdded.connect((_, panel) =>
-    panel.sessionContext.kernelChanged.connect(refreshEnabled)
+  refreshOnKernelChanges(model, tracker, () =>
+    commands.notifyCommandChanged(SavePointCommandIDs.save)
   );
 }
 

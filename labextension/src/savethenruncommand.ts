@@ -13,6 +13,7 @@ import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
 
+import { refreshOnKernelChanges } from './availability';
 import { fitToast, TOAST_MAX } from './messages';
 import { GpucrModel } from './model';
 import {
@@ -103,13 +104,8 @@ export function addSaveThenRunCommand(ctx: ISaveThenRunContext): void {
 
   const refresh = () =>
     commands.notifyCommandChanged(SavePointCommandIDs.saveThenRun);
-  model.kernelChanged.connect(refresh);
-  model.busyChanged.connect(refresh);
-  tracker.currentChanged.connect(refresh);
+  refreshOnKernelChanges(model, tracker, refresh);
   tracker.activeCellChanged.connect(refresh);
-  tracker.widgetAdded.connect((_, panel) =>
-    panel.sessionContext.kernelChanged.connect(refresh)
-  );
 }
 
 /**

@@ -1,7 +1,10 @@
 /**
  * Helpers shared by the UI tests (all against the real server extension).
  */
-import type { IJupyterLabPageFixture } from '@jupyterlab/galata';
+import type {
+  IJupyterLabPageFixture,
+  test as galataTest
+} from '@jupyterlab/galata';
 import type { APIRequestContext, Locator, Page } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -377,9 +380,9 @@ export async function closeSessionsAndEmptyTrash(
  * uncaught exceptions, failed requests) and print it, with the server's
  * kernels, when the test fails: a CI log then says what the page saw.
  */
-export function reportBrowserOnFailure(test: any): void {
+export function reportBrowserOnFailure(test: typeof galataTest): void {
   const said: string[] = [];
-  test.beforeEach(async ({ page }: { page: Page }) => {
+  test.beforeEach(async ({ page }) => {
     said.length = 0;
     const stamp = () => new Date().toISOString().slice(11, 23);
     page.on('console', m => {
@@ -394,19 +397,14 @@ export function reportBrowserOnFailure(test: any): void {
       )
     );
   });
-  test.afterEach(
-    async (
-      { request }: { request: APIRequestContext },
-      testInfo: { status?: string; expectedStatus: string; title: string }
-    ) => {
-      if (testInfo.status === testInfo.expectedStatus) {
-        return;
-      }
-      const kernels = await (await request.get('/api/gpucr/kernels')).text();
-      console.log(
-        `what the browser said during "${testInfo.title}":\n${said.join('\n') || '(nothing)'}\n` +
-          `the server's kernels: ${kernels.slice(0, 4000)}`
-      );
+  test.afterEach(async ({ request }, testInfo) => {
+    if (testInfo.status === testInfo.expectedStatus) {
+      return;
     }
-  );
+    const kernels = await (await request.get('/api/gpucr/kernels')).text();
+    console.log(
+      `what the browser said during "${testInfo.title}":\n${said.join('\n') || '(nothing)'}\n` +
+        `the server's kernels: ${kernels.slice(0, 4000)}`
+    );
+  });
 }
