@@ -8,6 +8,8 @@ import asyncio
 import os
 import threading
 import time
+from datetime import datetime
+from typing import Any
 
 import psutil
 import pytest
@@ -77,6 +79,20 @@ class KernelMemory:
         self._thread.join()
 
 
+async def server_saw_the_end(serverapp: Any, kernel_id: str, reply: dict[str, Any], timeout: float = 30) -> None:
+    """Wait until the server's activity watcher has taken in the cell's ``idle``. The order of use
+    the test expects is the order in which the cells ended; the server sees that order through
+    its own iopub stream, which under load can lag the client's websocket by some milliseconds,
+    enough to put a kernel's end after the next kernel's cell. Past the reply (sent before the
+    idle), only the idle comes from a cell, so: idle, with activity noted after the reply."""
+    replied = datetime.fromisoformat(reply["header"]["date"])
+    km = serverapp.kernel_manager.get_kernel(kernel_id)
+    deadline = time.monotonic() + timeout
+    while not (km.execution_state == "idle" and km.last_activity >= replied):
+        assert time.monotonic() < deadline, f"the server did not see kernel {kernel_id}'s cell end in {timeout} s"
+        await asyncio.sleep(0.005)
+
+
 def fill(n: int) -> str:
     return f"b = bytes([{n}]) * {DATA}\nprint(b[0] + b[-1], len(b))"
 
@@ -93,17 +109,19 @@ async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fe
                 expected_victims.append((resident.pop(0), name))
             kids[name] = (await new_session(jp_fetch, f"{name}.ipynb"))["kernel"]["id"]
             sockets[name] = await open_ws(jp_ws_fetch, kids[name], session_id=f"s-{name}")
-            _, out, _ = await execute(sockets[name], fill(i + 1))
+            reply, out, _ = await execute(sockets[name], fill(i + 1))
             assert out.split() == [str(2 * (i + 1)), str(DATA)]
+            await server_saw_the_end(jp_serverapp, kids[name], reply)
             resident.append(name)
         for name in TURNS:
             if name in resident:
                 resident.remove(name)
             else:
                 expected_victims.append((resident.pop(0), name))
-            _, out, _ = await execute(sockets[name], "print(b[0] + b[-1], len(b))")
+            reply, out, _ = await execute(sockets[name], "print(b[0] + b[-1], len(b))")
             n = NAMES.index(name) + 1
             assert out.split() == [str(2 * n), str(DATA)], f"kernel {name}: {out!r}"
+            await server_saw_the_end(jp_serverapp, kids[name], reply)
             resident.append(name)
     took = time.monotonic() - t0
     print(f"\n{len(NAMES)} kernels of {SIZE >> 20} MiB, budget {BUDGET >> 20} MiB, {len(TURNS)} turns: {took:.1f} s, "
