@@ -79,18 +79,24 @@ class KernelMemory:
         self._thread.join()
 
 
-async def server_saw_the_end(serverapp: Any, kernel_id: str, reply: dict[str, Any], timeout: float = 30) -> None:
-    """Wait until the server's activity watcher has taken in the cell's ``idle``. The order of use
-    the test expects is the order in which the cells ended; the server sees that order through
-    its own iopub stream, which under load can lag the client's websocket by some milliseconds,
-    enough to put a kernel's end after the next kernel's cell. Past the reply (sent before the
-    idle), only the idle comes from a cell, so: idle, with activity noted after the reply."""
+#: Users come back seconds to hours apart. The turns here are this far apart at least, so that the
+#: order in which the server notes the cells' ends is the order in which they ended: it notes them
+#: through its own iopub stream, which under load can lag the client's websocket by some ms (CI once
+#: saw a cell's end noted after the next user's cell, 15 ms later).
+TURN_GAP_S = 0.3
+
+
+async def between_turns(serverapp: Any, kernel_id: str, reply: dict[str, Any], timeout: float = 30) -> None:
+    """Wait until the server shows the kernel idle with activity noted after the cell's reply, then
+    :data:`TURN_GAP_S`: messages still on their way to its activity watcher then arrive before
+    the next user's cell."""
     replied = datetime.fromisoformat(reply["header"]["date"])
     km = serverapp.kernel_manager.get_kernel(kernel_id)
     deadline = time.monotonic() + timeout
     while not (km.execution_state == "idle" and km.last_activity >= replied):
         assert time.monotonic() < deadline, f"the server did not see kernel {kernel_id}'s cell end in {timeout} s"
         await asyncio.sleep(0.005)
+    await asyncio.sleep(TURN_GAP_S)
 
 
 def fill(n: int) -> str:
@@ -111,7 +117,7 @@ async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fe
             sockets[name] = await open_ws(jp_ws_fetch, kids[name], session_id=f"s-{name}")
             reply, out, _ = await execute(sockets[name], fill(i + 1))
             assert out.split() == [str(2 * (i + 1)), str(DATA)]
-            await server_saw_the_end(jp_serverapp, kids[name], reply)
+            await between_turns(jp_serverapp, kids[name], reply)
             resident.append(name)
         for name in TURNS:
             if name in resident:
@@ -121,7 +127,7 @@ async def test_six_kernels_take_turns_under_a_budget_of_three(jp_fetch, jp_ws_fe
             reply, out, _ = await execute(sockets[name], "print(b[0] + b[-1], len(b))")
             n = NAMES.index(name) + 1
             assert out.split() == [str(2 * n), str(DATA)], f"kernel {name}: {out!r}"
-            await server_saw_the_end(jp_serverapp, kids[name], reply)
+            await between_turns(jp_serverapp, kids[name], reply)
             resident.append(name)
     took = time.monotonic() - t0
     print(f"\n{len(NAMES)} kernels of {SIZE >> 20} MiB, budget {BUDGET >> 20} MiB, {len(TURNS)} turns: {took:.1f} s, "
