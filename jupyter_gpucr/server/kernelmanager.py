@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import Coroutine
+import inspect
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import psutil
@@ -38,6 +39,15 @@ PROVISIONER = "gpucr-provisioner"
 #: usage request every few seconds, and the kernel's busy/idle for it would keep it from ever
 #: being idle (suspended, or culled).
 MONITORING = frozenset({"usage_request", "usage_reply"})
+
+
+def unseen(method: Callable[..., Any]) -> Callable[..., Any]:
+    """jupyter_client's start or shutdown of a kernel's process without its ``in_pending_state``,
+    which makes the kernel's ``ready`` a new future, pending until the method ends. A process started
+    ahead of a restore is none of the kernel's business: jupyter_client's shutdown reads the outcome
+    of ``ready`` at once (a kernel shut down during that launch got a 500), and its websockets wait for
+    it. The unwrapped function takes the kernel manager as its first argument."""
+    return inspect.unwrap(method)
 
 
 class Connection(Protocol):
@@ -99,13 +109,13 @@ class GPUCRKernelManager(ServerKernelManager):
         no restarter, which would restart a warm process that died as if the kernel had."""
         if isinstance(self.provisioner, GPUCRProvisioner):
             self.provisioner.expect_launch()  # as for a restore's start: the process to come is the kernel
-        await super(ServerKernelManager, self).start_kernel(**(self._launch_args or {}))
+        await unseen(super(ServerKernelManager, self).start_kernel)(self, **(self._launch_args or {}))
         self.stop_restarter()
 
     async def stop_warm(self) -> None:
         """Kill a process :meth:`start_warm` started (it holds nothing of the user's yet): the kernel
         is on disk again as its suspend left it."""
-        await super(ServerKernelManager, self).shutdown_kernel(now=True, restart=True)
+        await unseen(super(ServerKernelManager, self).shutdown_kernel)(self, now=True, restart=True)
         if isinstance(self.provisioner, GPUCRProvisioner):
             self.provisioner.mark_suspended()
 

@@ -162,6 +162,27 @@ async def test_a_kernel_nobody_restores_is_stopped_after_the_timeout_and_stays_r
     ws.close()
 
 
+async def until_no_process(kernel_id: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while kernel_processes(kernel_id):
+        assert time.monotonic() < deadline, f"kernel {kernel_id} still has a process: {kernel_processes(kernel_id)}"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_kernel_shut_down_while_its_process_is_launched_ahead_is_shut_down(jp_fetch, jp_ws_fetch):
+    """The shutdown comes while the process started ahead of the restore is still being launched:
+    the kernel is shut down (its launch is unseen: jupyter_client's shutdown found a kernel still
+    starting, and the server answered 500), and nothing of it is left but its place in the trash."""
+    kid = await suspended_kernel(jp_fetch, jp_ws_fetch, "at-once.ipynb")
+    ws = await open_ws(jp_ws_fetch, kid, "opened")  # the launch starts now; the shutdown does not wait for it
+    ws.close()
+    response = await jp_fetch("api", "kernels", kid, method="DELETE")
+    assert response.code == 204
+    await until_no_process(kid)
+    assert kid not in [k["id"] for k in await fetch_json(jp_fetch, "api", "kernels")]
+    assert [t["kernel_id"] for t in await fetch_json(jp_fetch, "api", "gpucr", "trash")] == [kid]
+
+
 @pytest.mark.parametrize("action", ["shutdown", "restart"])
 async def test_shutting_down_or_restarting_a_warm_kernel_leaves_no_process_of_it(jp_fetch, jp_ws_fetch, jp_serverapp,
                                                                                  action):
