@@ -4,6 +4,7 @@ recovery and the suspend that follows it met under load: "busy: recovery is in p
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -55,3 +56,27 @@ def test_an_operation_in_progress_is_busy_and_named(tmp_path, wait_s):
     finally:
         done.set()
         holder.join()
+
+
+def test_a_lock_a_killed_holder_left_to_the_child_it_was_starting_is_waited_for(tmp_path):
+    """``kill -9`` of a gpucr command while it starts a child: the file still names the command,
+    the child holds the lock until it execs; what runs next waits for it instead of saying busy."""
+    ready_r, ready_w = os.pipe()
+    holder = os.fork()
+    if holder == 0:
+        os.close(ready_r)
+        with exclusive(tmp_path, "k", "checkpoint"):
+            _fork_holding_for(0.5)
+            os.write(ready_w, b"x")
+            time.sleep(60)
+        os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    os.close(ready_r)
+    os.kill(holder, signal.SIGKILL)
+    os.waitpid(holder, 0)
+    assert (tmp_path / ".lock").read_text() == f"checkpoint (pid {holder})"  # as the killed command left it
+    started = time.monotonic()
+    with exclusive(tmp_path, "k", "recovery"):
+        waited = time.monotonic() - started
+    assert 0.2 < waited < 5, waited

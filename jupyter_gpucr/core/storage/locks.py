@@ -3,7 +3,9 @@
 The holder writes what it does into the lock file and empties it as it lets go. An flock belongs
 to the open file, which a child forked at that moment shares until it execs or exits (any
 ``subprocess`` start in another thread of the same server): the lock can then outlive its
-holder by a few milliseconds. A lock that is held while its file is empty is such a leftover (or
+holder by a few milliseconds. A holder killed with SIGKILL cannot empty the file, and a child it
+was starting holds the lock until it execs (under load, tens of milliseconds after the kill). A
+lock that is held while its file is empty, or names a process that is gone, is such a leftover (or
 a holder between taking it and writing its name), so it is waited for, up to ``LEFTOVER_WAIT_S``,
 instead of being reported as an operation in progress that has already ended.
 """
@@ -11,20 +13,27 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import BusyError
+from ..process.procs import is_alive
 
 #: How long a lock held with no operation named in it is waited for (see the module docstring).
 LEFTOVER_WAIT_S = 10.0
 
 
+_HOLDER_PID = re.compile(r"\(pid (\d+)\)$")
+
+
 def _holder(fd: int) -> str:
-    """What the holder wrote it does; empty once it has let go."""
-    return os.pread(fd, 200, 0).decode(errors="replace").strip()
+    """What the holder wrote it does, while it runs; empty once it has let go or is gone."""
+    holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    named = _HOLDER_PID.search(holder)
+    return "" if named and not is_alive(int(named.group(1))) else holder
 
 
 @contextmanager
