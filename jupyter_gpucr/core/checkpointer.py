@@ -177,7 +177,8 @@ class Checkpointer(CheckpointBackend):
     def checkpoint(self, target: str | int, leave_running: bool = False, reason: str = "manual",
                    extra: dict[str, Any] | None = None, progress: Progress = no_progress,
                    before_dump: Callable[[], None] | None = None, also_durable: Sequence[Path] = (),
-                   incremental: bool = False, running_again: RunningAgain | None = None) -> Checkpoint:
+                   incremental: bool = False, running_again: RunningAgain | None = None,
+                   before_commit: Callable[[], None] | None = None) -> Checkpoint:
         """Write a verified checkpoint of the process; without ``leave_running`` it is gone
         afterwards and its GPU memory is free. ``incremental`` (with ``leave_running``: a save
         point): only the pages written since the process's last such checkpoint, where the kernel
@@ -186,7 +187,9 @@ class Checkpointer(CheckpointBackend):
         checkpoint, without the GPU); if it raises, the process runs on as before.
         ``also_durable``: folders beside the image that the checkpoint needs (a kernel's offloaded
         tensors); they are flushed to disk while the driver and CRIU work. ``running_again``: see
-        ``criu.images.RunningAgain``.
+        ``criu.images.RunningAgain``. ``before_commit`` runs once the images are written and
+        verified, before the checkpoint is committed; if it raises, the checkpoint is not kept and
+        the process runs again (put back from its images where the dump stopped it).
 
         CRIU leaves the dumped process stopped, not killed: it is stopped for good only once the
         image and ``also_durable`` are on disk, so a power loss never finds it gone and its
@@ -206,7 +209,7 @@ class Checkpointer(CheckpointBackend):
                 raise lost
             self.release_network_locks()  # each dump adds one; the host has room for 1024
             return write_checkpoint(self, name, rec, cast(int, pid), leave_running, reason, extra or {}, progress,
-                                    before_dump, list(also_durable), incremental, running_again)
+                                    before_dump, list(also_durable), incremental, running_again, before_commit)
 
     # -- fork ----------------------------------------------------------------------------
     def fork(self, name: str, count: int = 1, names: Sequence[str] | None = None, gpu: str | int | None = "auto",

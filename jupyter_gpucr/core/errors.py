@@ -97,11 +97,17 @@ class AddressInUseError(EngineError):
 
 class PutBackError(EngineError):
     """A checkpoint could not be finished, and the process was restored from its images: it runs
-    again, under a new host PID (``started``), which whoever tracked the old one must adopt."""
+    again, under a new host PID (``started``), which whoever tracked the old one must adopt. From
+    the daemon, ``started`` is first what its restore answers (a dict), which its client turns
+    into the process it tracks."""
 
-    def __init__(self, message: str, hint: str, started: object) -> None:
-        super().__init__(message, hint)
+    def __init__(self, message: str, hint: str = "", started: object = None, *, summary: str | None = None,
+                 retryable: bool | None = None) -> None:
+        super().__init__(message, hint, summary=summary, retryable=retryable)
         self.started = started
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), **({"started": self.started} if isinstance(self.started, dict) else {})}
 
 
 class AccessRefusedError(GPUCRError):

@@ -26,7 +26,7 @@ import psutil
 
 from ..core.backend import CheckpointBackend
 from ..core.criu.images import RegFile, RunningAgain
-from ..core.errors import EngineError, GPUCRError, NotFoundError
+from ..core.errors import EngineError, GPUCRError, NotFoundError, PutBackError
 from ..core.files import fsync_trees, make_private_dir
 from ..core.process.launcher import Started
 from ..core.process.running import Running
@@ -322,6 +322,10 @@ class DaemonCheckpointer(CheckpointBackend):
             result = self.client.call("checkpoint", progress, before_dump=ready, name=target, leave_running=leave_running,
                                       reason=reason, extra=extra or {}, ask_before_dump=before_dump is not None,
                                       **({"incremental": True} if incremental else {}))  # only a save point asks: older daemons take the rest
+        except PutBackError as e:  # the daemon restored it from the images it wrote: adopted as a restore's
+            if isinstance(e.started, dict):
+                e.started = self._running(e.started).started
+            raise
         except GPUCRError as e:
             if failed and not isinstance(failed[0], GPUCRError):
                 raise failed[0] from e

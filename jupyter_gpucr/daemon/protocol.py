@@ -116,6 +116,9 @@ def error_from(payload: dict[str, Any]) -> GPUCRError:
         cls = ProtocolError if payload.get("error") == "ProtocolError" else errors.EngineError
     message = str(payload.get("message", "The gpucr daemon failed."))
     summary, retryable = payload.get("summary"), payload.get("retryable")
-    return cls(message, str(payload.get("hint", "")),
-               summary=summary if isinstance(summary, str) and summary != message else None,
-               retryable=retryable if isinstance(retryable, bool) else None)
+    error = cls(message, str(payload.get("hint", "")),
+                summary=summary if isinstance(summary, str) and summary != message else None,
+                retryable=retryable if isinstance(retryable, bool) else None)
+    if isinstance(error, errors.PutBackError):
+        error.started = payload.get("started")
+    return error

@@ -23,7 +23,9 @@ the bytes of their stores.
   ``store_bytes`` is refused before the process is touched; the estimates of a user's checkpoints
   under way are counted together, and each dump is watched as it writes (CRIU also writes memory
   that no estimate sees, such as unmapped memfds): one that takes the store past the quota is
-  killed, the process left running, and the request says so. A file of several hard links (a
+  killed, the process left running, and the request says so. One that ends between two looks is
+  checked once more before its commit and, past the quota, not committed: the process CRIU left
+  stopped is put back from the images and runs again, and the request says so. A file of several hard links (a
   copy of a checkpoint: a save point) counts once. A ``copy`` is refused once the store has
   reached the quota.
 """
@@ -38,7 +40,7 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,7 @@ from typing import Any
 import psutil
 
 from ..core.criu.commands import drop_network_lock_of, drop_network_locks, dump_id, network_lock_tables
-from ..core.errors import BusyError, GPUCRError, PreconditionError
+from ..core.errors import BusyError, GPUCRError, PreconditionError, PutBackError
 from ..core.gpu import cuda, gpus
 from ..core.process.procs import is_alive, tree, tree_rss
 from ..core.storage.locks import exclusive
@@ -122,26 +124,27 @@ class Quotas:
         self._dumps_lock = threading.Lock()
 
     @contextmanager
-    def around(self, op: str, uid: int, args: dict[str, Any]) -> Iterator[None]:
+    def around(self, op: str, uid: int, args: dict[str, Any]) -> Iterator[Callable[[], None] | None]:
         """Around one request: ``run`` is checked against the store quota; a checkpoint is too,
         is watched while it dumps, and makes room for its network lock first, and the lock of a
-        dump that failed is released after."""
+        dump that failed is released after. For a checkpoint under a quota, it yields the check
+        to run before the checkpoint is committed (else None)."""
         name = args.get("name")
         if op == "run":
             self.check_run(uid)
         if op == "copy":
             self.check_copy(uid)
         if op != "checkpoint" or not isinstance(name, str):
-            yield
+            yield None
             return
         store = Store(self.users / str(uid))
         validate_name(name)
-        with self._watched(uid, store, name):
+        with self._watched(uid, store, name) as before_commit:
             if not args.get("leave_running"):  # a dump that leaves the process running releases its lock itself
                 self.make_room_for_lock(uid, store)
             since = time.time()
             try:
-                yield
+                yield before_commit
             except BaseException:
                 self.release_failed_dump(uid, store, name, since)
                 raise
@@ -191,14 +194,17 @@ class Quotas:
         return room
 
     @contextmanager
-    def _watched(self, uid: int, store: Store, name: str) -> Iterator[None]:
+    def _watched(self, uid: int, store: Store, name: str) -> Iterator[Callable[[], None] | None]:
         """Check the checkpoint of ``name`` against the quota, counting the user's other
-        checkpoints under way, and watch its dump; a dump killed for the quota is said so."""
+        checkpoints under way, and watch its dump; a dump killed for the quota is said so. Yields
+        the check before its commit: the watcher looks every ``DUMP_CHECK_EVERY`` and a dump can end
+        in between (beside others, under load), so a written dump that takes the store past the
+        quota is not committed either: the process runs again, put back from its images."""
         quota = self.settings.store_bytes
         rec = read_record(store.root / "procs" / name)
         pid = rec.get("pid")
         if quota is None or rec.get("state") != "running" or not isinstance(pid, int) or not is_alive(pid):
-            yield  # the verb says why it cannot checkpoint
+            yield None  # the verb says why it cannot checkpoint
             return
         dump = self._admit_dump(uid, store, name, pid, quota)
         before = {p.name for p in store.checkpoints_root.glob(".tmp-*")} if store.checkpoints_root.is_dir() else set()
@@ -206,15 +212,28 @@ class Quotas:
         watcher = threading.Thread(target=self._watch_dump, args=(uid, store, dump, before, stop, quota), daemon=True,
                                    name=f"dump-watch-{uid}")
         watcher.start()
+
+        def before_commit() -> None:
+            stop.set()
+            watcher.join()
+            folder = _dump_folder(store, name, before)
+            dump.written = disk_usage(folder) if folder is not None else dump.written
+            if self._over_quota(uid, store, quota):
+                dump.killed = True
+                raise PreconditionError(f"it takes your checkpoints and logs past your quota of {mib(quota)}")
+
         try:
-            yield
+            yield before_commit
         except GPUCRError as e:
             if dump.killed:
+                stopped = (f"Checkpointing {name!r} was stopped: it took your checkpoints and logs past your quota of "
+                           f"{mib(quota)} on this host ({mib(dump.written)} written, about {mib(dump.need)} estimated "
+                           "from its memory).")
+                if isinstance(e, PutBackError):  # written, not committed: the process runs again
+                    e.message, e.hint = f"{stopped} The process was put back and runs again.", _QUOTA_HINT
+                    raise
                 left = "The process was left running." if is_alive(pid) else "The process did not survive it."
-                raise PreconditionError(
-                    f"Checkpointing {name!r} was stopped: it took your checkpoints and logs past your quota of "
-                    f"{mib(quota)} on this host ({mib(dump.written)} written, about {mib(dump.need)} estimated from "
-                    f"its memory). {left}", _QUOTA_HINT) from e
+                raise PreconditionError(f"{stopped} {left}", _QUOTA_HINT) from e
             raise
         finally:
             stop.set()
@@ -253,19 +272,23 @@ class Quotas:
         folder: Path | None = None
         while not stop.wait(DUMP_CHECK_EVERY):
             if folder is None:
-                folder = next((p for p in store.checkpoints_root.glob(".tmp-*")
-                               if p.name not in before and name_of_id(p.name) == dump.name), None)
+                folder = _dump_folder(store, dump.name, before)
                 if folder is None:
                     continue
             dump.written = disk_usage(folder)
-            with self._dumps_lock:
-                freed = sum(d.freed for d in self._dumps.get(uid, []))
-            if disk_usage(store.root) - freed > quota:
+            if self._over_quota(uid, store, quota):
                 dump.killed = True
                 log.warning("uid %d: killed the dump of %s at %s written: the store passed its quota of %s", uid,
                             dump.name, mib(dump.written), mib(quota))
                 _kill_writers(folder)
                 return
+
+    def _over_quota(self, uid: int, store: Store, quota: int) -> bool:
+        """Whether the user's store, less what the retention of their dumps under way frees, is
+        past the quota."""
+        with self._dumps_lock:
+            freed = sum(d.freed for d in self._dumps.get(uid, []))
+        return disk_usage(store.root) - freed > quota
 
     # -- network locks --------------------------------------------------------------------
     def make_room_for_lock(self, uid: int, store: Store) -> list[str]:
@@ -345,6 +368,12 @@ class Quotas:
             except (BusyError, OSError):
                 continue  # an operation holds it, or it went away: next round
         return cut
+
+
+def _dump_folder(store: Store, name: str, before: set[str]) -> Path | None:
+    """The temporary folder of the dump of ``name`` under way (not among those there ``before``)."""
+    return next((p for p in store.checkpoints_root.glob(".tmp-*") if p.name not in before and name_of_id(p.name) == name),
+                None)
 
 
 def _running(proc_dir: Path) -> bool:

@@ -32,10 +32,10 @@ from .._version import __version__
 from ..core.checkpointer import Checkpointer
 from ..core.criu.commands import NETWORK_LOCKS_MAX, find_criu
 from ..core.criu.images import read_image
-from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, PreconditionError, StateError
+from ..core.errors import EngineError, GPUCRError, InvalidNameError, NotFoundError, PreconditionError, PutBackError, StateError
 from ..core.files import make_private_dir
 from ..core.process.identity import ProcId
-from ..core.process.launcher import HolderRecord, clean_env
+from ..core.process.launcher import HolderRecord, Started, clean_env
 from ..core.process.procs import is_alive, tree, wait_gone
 from ..core.process.record import ProcRecord
 from ..core.process.running import Running
@@ -104,9 +104,9 @@ class Daemon:
             raise ProtocolError(f"Unknown request {op!r}.", f"The daemon knows: {', '.join(VERBS)}.")
         method = getattr(self, f"op_{op}")
         try:
-            with self.quotas.around(op, peer.uid, args):
+            with self.quotas.around(op, peer.uid, args) as before_commit:
                 if op == "checkpoint":
-                    return method(peer, progress=progress, before_dump=before_dump, **args)
+                    return method(peer, progress=progress, before_dump=before_dump, before_commit=before_commit, **args)
                 return method(peer, progress=progress, **args) if op == "restore" else method(peer, **args)
         except TypeError as e:
             raise ProtocolError(f"Bad arguments for {op!r}: {e}") from None
@@ -157,7 +157,7 @@ class Daemon:
         return self._adopt(peer, running)
 
     def op_checkpoint(self, peer: Peer, name: str, progress: Progress, before_dump: Callable[[], None] | None,
-                      leave_running: bool = False, reason: str = "manual", extra: dict[str, Any] | None = None,
+                      before_commit: Callable[[], None] | None, leave_running: bool = False, reason: str = "manual", extra: dict[str, Any] | None = None,
                       ask_before_dump: bool = False, incremental: bool = False) -> dict[str, Any]:
         """With ``ask_before_dump``, once the GPU is free the daemon asks the client (``before_dump``)
         and waits for its answer before CRIU freezes the process, as a local checkpoint calls its
@@ -178,8 +178,14 @@ class Daemon:
             cr.criu.owner_args = [*_owner_args(peer, rec), *(f"--external={f}" for f in
                                                               external_files(cast(int, rec["pid"]), cr.store.proc_dir(name)))]
         extra = {**_client_extra(extra), "owner": {"uid": peer.uid, "user": peer.user}}
-        ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress,
-                             before_dump if ask_before_dump is True else None, incremental=incremental is True)
+        try:
+            ckpt = cr.checkpoint(name, bool(leave_running), str(reason), extra, progress,
+                                 before_dump if ask_before_dump is True else None, incremental=incremental is True,
+                                 before_commit=before_commit)
+        except PutBackError as e:  # the process runs again under a new holder: tracked here, adopted by the client
+            started = cast(Started, e.started)
+            e.started = self._adopt(peer, Running(name, started.pid, started.ns_pid, started, cr.store.read_proc(name)))
+            raise
         return {"id": ckpt.id, "manifest": ckpt.manifest, "kept": cr.store.checkpoint_ids(name), "record": cr.store.read_proc(name)}
 
     def op_restore(self, peer: Peer, name: str, progress: Progress, checkpoint_id: str | None = None,

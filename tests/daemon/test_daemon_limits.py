@@ -22,7 +22,10 @@ import psutil
 import pytest
 
 from jupyter_gpucr.core.criu.commands import drop_network_locks, dump_id, network_lock_tables
-from jupyter_gpucr.daemon.quotas import disk_usage
+from jupyter_gpucr.core.errors import PreconditionError, PutBackError
+from jupyter_gpucr.core.files import make_private_dir
+from jupyter_gpucr.core.storage.store import Store
+from jupyter_gpucr.daemon.quotas import Quotas, QuotaSettings, disk_usage
 from tests import hub as H
 from tests.conftest import criu_or_skip
 
@@ -619,6 +622,32 @@ print(json.dumps({{"grown_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxr
         assert kept and kept[0].read_bytes().endswith(b"newer\n")
 
 
+def test_a_dump_written_past_the_quota_between_two_looks_is_not_committed(tmp_path: Path) -> None:
+    """The watcher looks at a dump every DUMP_CHECK_EVERY; a dump that ends in between (CI saw two,
+    beside a third, end 5 MiB past the quota and be committed) is checked once more before its
+    commit: past the quota, it is refused there, and the refusal says the process was put back."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        store = Store(make_private_dir(make_private_dir(tmp_path / "users") / "1000"))
+        store.write_proc("big", {"state": "running", "pid": sleeper.pid})
+        quotas = Quotas(tmp_path, QuotaSettings(store_bytes=8 << 20, log_bytes=None))
+        with quotas.around("checkpoint", 1000, {"name": "big", "leave_running": True}) as before_commit:
+            assert before_commit is not None
+            before_commit()  # under the quota: committed
+        with pytest.raises(PutBackError, match=r"past your quota of 8 MiB .*put back and runs again"):
+            with quotas.around("checkpoint", 1000, {"name": "big", "leave_running": True}) as before_commit:
+                _, tmp = store.new_checkpoint_dir("big")
+                (tmp / "images" / "pages-1.img").write_bytes(os.urandom(10 << 20))  # all written, CRIU gone
+                assert before_commit is not None
+                with pytest.raises(PreconditionError, match="past your quota of 8 MiB"):
+                    before_commit()
+                raise PutBackError("Finishing the checkpoint failed: ... The process was put back and runs again.",
+                                   "", None)  # what write_checkpoint raises then
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_checkpoints_at_once_are_counted_as_they_are_written(daemon: H.Daemon) -> None:
     """Three processes of 10 MiB resident memory, each holding a 250 MiB memfd that no estimate
     sees, checkpointed at once under a 512 MiB quota: the dumps that would pass it are stopped
@@ -646,9 +675,15 @@ time.sleep(600)
         used = disk_usage(store)
         refused = {n: r for n, r in results.items() if "error" in r}
         assert refused, results
+        status = {s["name"]: s for s in call_as(ATTACKER, daemon, "list")["result"]["status"]}
         for name, out in refused.items():
+            assert "past your quota of 512 MiB" in out["message"], out
+            if out["error"] == "PutBackError":  # written between two looks of the watcher: not committed
+                assert "The process was put back and runs again." in out["message"], out
+                assert status[name]["state"] == "running" and alive(status[name]["pid"]), status[name]
+                continue
             assert out["error"] == "PreconditionError", out
-            assert "past your quota of 512 MiB" in out["message"] and "The process was left running." in out["message"], out
+            assert "The process was left running." in out["message"], out
             assert alive(pids[name]) and psutil.Process(pids[name]).status() != psutil.STATUS_STOPPED
         assert used <= STORE_QUOTA, f"the store holds {used >> 20} MiB"
     finally:

@@ -38,7 +38,8 @@ from .putback import put_back_from
 def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int, leave_running: bool, reason: str,
                      extra: dict[str, Any], progress: Progress,
                      before_dump: Callable[[], None] | None, also_durable: list[Path],
-                     incremental: bool = False, running_again: RunningAgain | None = None) -> Checkpoint:
+                     incremental: bool = False, running_again: RunningAgain | None = None,
+                     before_commit: Callable[[], None] | None = None) -> Checkpoint:
     """Checkpoint the running ``pid`` of ``name`` (the name's lock held; see
     :meth:`~jupyter_gpucr.core.checkpointer.Checkpointer.checkpoint`)."""
     t0 = time.perf_counter()
@@ -123,6 +124,8 @@ def write_checkpoint(cr: CheckpointerParts, name: str, rec: ProcRecord, pid: int
         host = {**intent["host"], **nodecompat.record(criu.path, tmp)}
         manifest: Manifest = {**intent, "created": time.time(), "size": sum(int(f["size"]) for f in files.values()),
                               "files": files, "timings": timings, "host": host}
+        if before_commit is not None:
+            before_commit()
         ckpt = cr.store.commit_checkpoint(cid, tmp, manifest)
     except BaseException as e:
         if leave_running:
