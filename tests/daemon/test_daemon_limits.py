@@ -274,10 +274,14 @@ print(s.makefile().readline())
 
 def test_a_process_log_is_cut_back_at_the_cap(daemon: H.Daemon) -> None:
     """A process run through the daemon writes 2 MiB at once, then a line every 0.1 s: its log is cut
-    back under the cap, says so, and goes on with the process, which keeps running."""
-    pid = run_as(ATTACKER, daemon, "chatty", "import sys, time\nprint('ready', flush=True)\n"
+    back under the cap, says so, and goes on with the process, which keeps running. It writes once
+    told to (SIGUSR1): run_as reads "ready" at the start of the log, which the cut would take away."""
+    pid = run_as(ATTACKER, daemon, "chatty", "import signal, sys, time\n"
+                 "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\nprint('ready', flush=True)\n"
+                 "signal.sigwait({signal.SIGUSR1})\n"
                  "sys.stdout.write(('x' * 1023 + '\\n') * 2048)\nsys.stdout.flush()\ni = 0\n"
                  "while True:\n    i += 1\n    print('alive', i, flush=True)\n    time.sleep(0.1)\n")
+    os.kill(pid, signal.SIGUSR1)
     log = daemon.user_store(uid(ATTACKER)) / "procs" / "chatty" / "stdout.log"
     H.wait_until("the log to be cut", lambda: b"[gpucr: " in log.read_bytes()[:200], 10, 0.1)
     first = last_alive(log)
@@ -560,14 +564,16 @@ def test_logs_grown_by_fallocate_are_cut_after_the_process_ends(daemon: H.Daemon
     """A process run through the daemon allocates 1 GiB in its stdout.log (size and blocks) and
     1 GiB past the end of its stderr.log (blocks only), then exits at once: within seconds both
     hold no more than the cap."""
-    run_as(ATTACKER, daemon, "fat", """import ctypes, os, time
+    pid = run_as(ATTACKER, daemon, "fat", """import ctypes, os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 print('ready', flush=True)
-time.sleep(2)
+signal.sigwait({signal.SIGUSR1})  # once run_as has read 'ready', which the cut takes away
 os.posix_fallocate(1, 0, 1 << 30)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
 assert libc.fallocate(2, 1, 0, 1 << 30) == 0  # FALLOC_FL_KEEP_SIZE
 """)
+    os.kill(pid, signal.SIGUSR1)
     proc_dir = daemon.user_store(uid(ATTACKER)) / "procs" / "fat"
     H.wait_until("the logs to grow", lambda: blocks(proc_dir / "stdout.log") > 512 << 20, 30, 0.05)
     started = time.monotonic()
